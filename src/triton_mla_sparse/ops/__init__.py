@@ -1,0 +1,1 @@
+"""Operators: one subpackage per op (kernels, heuristics, launch, interface)."""

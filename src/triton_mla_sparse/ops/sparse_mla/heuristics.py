@@ -1,0 +1,131 @@
+"""Launch configurations: a static function of (shape, dtype, format, architecture).
+
+No autotuning at serving time: the choice depends only on what a CUDA graph captures (token count,
+head count, top-k width), so a captured shape always replays the kernel it was warmed with.
+Measured choices live in docs/PERFORMANCE.md; per-architecture tables keep each target inside its
+shared-memory budget (checked by tests/test_compile.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import torch
+
+
+@dataclasses.dataclass(frozen=True)
+class Arch:
+    """A compile target: ``backend`` "cuda"/"hip", ``cc`` (80, 90, ...) or a gfx name."""
+
+    backend: str
+    cc: int | str
+    num_sms: int = 132
+    warp_size: int = 32
+
+    @property
+    def fp8_native(self) -> bool:
+        # Triton's e4m3 type lowers to hardware conversions on sm89+; sm80/86 and AMD (whose
+        # native fp8 is the fnuz variant) decode the bytes with integer arithmetic instead.
+        return self.backend == "cuda" and int(self.cc) >= 89
+
+    @property
+    def smem_bytes(self) -> int:
+        if self.backend == "hip":
+            return 64 * 1024
+        return {80: 163 * 1024, 90: 227 * 1024, 100: 227 * 1024}.get(int(self.cc), 99 * 1024)
+
+
+# Every compile target the project claims (tests/test_compile.py compiles all of them).
+TARGETS = (
+    Arch("cuda", 80, 108),
+    Arch("cuda", 86, 84),
+    Arch("cuda", 89, 142),
+    Arch("cuda", 90, 132),
+    Arch("cuda", 100, 148),
+    Arch("cuda", 120, 188),
+    Arch("hip", "gfx942", 304, 64),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelConfig:
+    """How one call is launched. ``num_splits`` > 1 adds an LSE merge pass."""
+
+    block_h: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    num_splits: int = 1
+    # None: the architecture's choice; False forces the integer e4m3 decode (sm80's path).
+    fp8_native: bool | None = None
+
+
+def block_h_for(num_heads: int) -> int:
+    """Heads per program: all of a token's heads up to 64 (MMA tiles need M >= 16)."""
+    if num_heads <= 16:
+        return 16
+    if num_heads <= 32:
+        return 32
+    return 64
+
+
+def tile_config(block_h: int, dtype: torch.dtype, kv_format: str, arch: Arch) -> KernelConfig:
+    """Block sizes, warps and pipeline depth for one head-block size on one architecture."""
+    wide = dtype == torch.float32
+    warps = 8 if block_h >= 64 else 4
+    if arch.backend == "hip":
+        return KernelConfig(block_h, 16 if wide else 32, warps, 1)
+    big_smem = arch.smem_bytes >= 160 * 1024
+    if wide:
+        return KernelConfig(block_h, 16 if not big_smem else 32, warps, 1)
+    if big_smem:
+        return KernelConfig(block_h, 64, warps, 2)
+    # 99 KB parts (sm86/89/120): a 32-row bf16 tile is 36 KB; two stages fit with room to spare.
+    return KernelConfig(block_h, 32, warps, 2)
+
+
+def num_splits_for(programs: int, width: int, block_n: int, num_sms: int) -> int:
+    """Split the top-k only while (tokens x head blocks) cannot fill two waves of the GPU."""
+    target = 2 * num_sms
+    if programs >= target:
+        return 1
+    steps = -(-width // block_n)
+    return max(1, min(-(-target // programs), steps))
+
+
+def choose_config(
+    num_tokens: int,
+    num_heads: int,
+    width: int,
+    dtype: torch.dtype,
+    kv_format: str,
+    arch: Arch,
+) -> KernelConfig:
+    base = tile_config(block_h_for(num_heads), dtype, kv_format, arch)
+    num_hb = -(-num_heads // base.block_h)
+    splits = num_splits_for(num_tokens * num_hb, width, base.block_n, arch.num_sms)
+    return dataclasses.replace(base, num_splits=splits)
+
+
+def split_len_for(width: int, num_splits: int, block_n: int) -> tuple[int, int]:
+    """Indices per split (a multiple of block_n) and the split count that covers ``width``."""
+    per = -(-width // num_splits)
+    per = -(-per // block_n) * block_n
+    return per, -(-width // per)
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_arch(index: int) -> Arch:
+    props = torch.cuda.get_device_properties(index)
+    if getattr(torch.version, "hip", None):
+        gcn = getattr(props, "gcnArchName", "gfx942").split(":")[0]
+        return Arch("hip", gcn, props.multi_processor_count, 64)
+    return Arch("cuda", props.major * 10 + props.minor, props.multi_processor_count)
+
+
+def arch_of(device: torch.device) -> Arch:
+    """The architecture of a tensor's device; CPU tensors (Triton's interpreter) act as an H200."""
+    if device.type == "cuda":
+        return _cuda_arch(device.index if device.index is not None else torch.cuda.current_device())
+    return Arch("cuda", 90, 132)

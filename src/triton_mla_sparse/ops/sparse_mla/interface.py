@@ -1,0 +1,242 @@
+"""Host wrapper for sparse MLA forward: validate, allocate, launch. No GPU work at import."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+
+from ...kv_format import DS_MLA_LATENT, DS_MLA_ROPE, DS_MLA_ROW_BYTES, KV_FORMATS
+from .heuristics import KernelConfig, arch_of, choose_config
+
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_FORMAT_CODE = {"auto": 0, "fp8": 1, "fp8_ds_mla": 2}
+
+
+def _shape(x: torch.Tensor | None) -> str:
+    return "None" if x is None else f"{tuple(x.shape)} {x.dtype} on {x.device}"
+
+
+def _is_pow2(n: int) -> bool:
+    return n > 0 and (n & (n - 1)) == 0
+
+
+def _split_q(
+    q: torch.Tensor | tuple[torch.Tensor, torch.Tensor], kv_lora_rank: int
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    if isinstance(q, (tuple, list)):
+        if len(q) != 2 or not all(isinstance(x, torch.Tensor) for x in q):
+            raise TypeError("q as a tuple must be (q_latent [T, H, L], q_rope [T, H, R]) tensors")
+        q_lat, q_rope = q
+        if q_lat.dim() != 3 or q_rope.dim() != 3:
+            raise ValueError(
+                f"q_latent and q_rope must be 3-D [T, H, *], got {_shape(q_lat)} and {_shape(q_rope)}"
+            )
+        if q_lat.shape[:2] != q_rope.shape[:2]:
+            raise ValueError(
+                f"q_latent and q_rope disagree on [T, H]: {_shape(q_lat)} vs {_shape(q_rope)}"
+            )
+        if q_lat.dtype != q_rope.dtype or q_lat.device != q_rope.device:
+            raise TypeError(
+                f"q_latent and q_rope must share dtype and device: {_shape(q_lat)} vs {_shape(q_rope)}"
+            )
+        if q_lat.shape[-1] != kv_lora_rank:
+            raise ValueError(
+                f"q_latent must have last dimension kv_lora_rank={kv_lora_rank}, got {_shape(q_lat)}"
+            )
+        return q_lat, (q_rope if q_rope.shape[-1] > 0 else None)
+    if not isinstance(q, torch.Tensor):
+        raise TypeError(f"q must be a tensor or a (q_latent, q_rope) tuple, got {type(q).__name__}")
+    if q.dim() != 3:
+        raise ValueError(f"q must be 3-D [T, H, D], got {_shape(q)}")
+    if q.shape[-1] < kv_lora_rank:
+        raise ValueError(f"q's last dimension must be >= kv_lora_rank={kv_lora_rank}, got {_shape(q)}")
+    q_rope = q[..., kv_lora_rank:] if q.shape[-1] > kv_lora_rank else None
+    return q[..., :kv_lora_rank], q_rope
+
+
+def _check_int32(name: str, x: torch.Tensor | None, ndim: int, device: torch.device) -> None:
+    if x is None:
+        return
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype != torch.int32:
+        raise TypeError(f"{name} must be int32, got {_shape(x)}")
+    if x.dim() != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got {_shape(x)}")
+    if x.device != device:
+        raise ValueError(f"{name} must be on {device} like q, got {_shape(x)}")
+
+
+def _resolve_format(kv_format: str, kv_cache: torch.Tensor, q_dtype: torch.dtype) -> str:
+    if kv_format not in KV_FORMATS:
+        raise ValueError(f"kv_format must be one of {KV_FORMATS}, got {kv_format!r}")
+    if kv_format == "auto":
+        if kv_cache.dtype != q_dtype:
+            raise TypeError(
+                f"kv_format='auto' needs kv_cache in q's dtype {q_dtype}, got {_shape(kv_cache)}; "
+                "pass kv_format='fp8' or 'fp8_ds_mla' for a quantized cache"
+            )
+    elif kv_cache.dtype not in (torch.uint8, torch.float8_e4m3fn):
+        raise TypeError(
+            f"kv_format={kv_format!r} needs a uint8 or float8_e4m3fn cache, got {_shape(kv_cache)}"
+        )
+    return kv_format
+
+
+def sparse_mla(
+    q: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+    kv_cache: torch.Tensor,
+    indices: torch.Tensor,
+    softmax_scale: float | None = None,
+    *,
+    kv_lora_rank: int = 512,
+    valid_counts: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
+    req_ids: torch.Tensor | None = None,
+    block_size: int | None = None,
+    kv_format: str = "auto",
+    k_scale: float | torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    return_lse: bool = False,
+    config: KernelConfig | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Sparse MLA attention forward: each query token attends to its own top-k cache rows.
+
+    Args:
+        q: ``[T, H, D]`` with ``D = kv_lora_rank + rope`` (576 for DeepSeek-V3.2/GLM-5, 512 for
+            NoPE models), or a tuple ``(q_latent [T, H, kv_lora_rank], q_rope [T, H, rope])``
+            used as is (no concatenation). fp16, bf16 or fp32; any strides.
+        kv_cache: one latent head per token. Rows ``[N, C]`` or paged ``[num_blocks, page, C]``,
+            any strides (block stride may exceed ``page * C``). ``C`` is ``D`` for
+            ``kv_format="auto"`` (q's dtype) and ``"fp8"`` (e4m3 as uint8/float8_e4m3fn),
+            656 bytes for ``"fp8_ds_mla"`` (uint8; see :mod:`triton_mla_sparse.kv_format`).
+        indices: int32 ``[T, W]``, any ``W >= 1``: rows of the cache in its logical flat order
+            (paged: row ``i`` is block ``i // page``, slot ``i % page``). ``-1`` and any index
+            outside ``[0, N)`` are skipped wherever they stand and never dereferenced.
+            A duplicated index counts as often as it appears.
+        softmax_scale: multiplies ``q . k``; default ``1 / sqrt(D)``.
+        kv_lora_rank: latent width ``L`` (the V width and the output width).
+        valid_counts: optional int32 ``[T]``: only ``indices[t, :valid_counts[t]]`` are read.
+        block_table, req_ids, block_size: optional int32 ``[R, max_blocks]``, int32 ``[T]`` and
+            an int. When given, indices are request-local positions ``pos`` mapped to cache row
+            ``block_table[req_ids[t], pos // block_size] * block_size + pos % block_size``;
+            positions past the table or with a negative table entry are skipped.
+        kv_format: ``"auto"``, ``"fp8"`` or ``"fp8_ds_mla"``.
+        k_scale: per-tensor dequantization scale for ``"fp8"`` (float or 0-d/1-element float32
+            tensor on q's device, the latter for CUDA graphs); default 1.
+        out: optional ``[T, H, L]`` tensor in q's dtype to write into (any strides).
+        return_lse: also return the natural-log log-sum-exp ``[T, H]`` (float32).
+        config: optional :class:`KernelConfig` overriding the heuristic launch configuration.
+
+    Returns:
+        ``out [T, H, L]`` in q's dtype, and ``lse [T, H]`` with ``return_lse=True``. A token with
+        no valid index gets zeros and LSE ``-inf``.
+    """
+    if not isinstance(kv_lora_rank, int) or not _is_pow2(kv_lora_rank) or kv_lora_rank < 16:
+        raise ValueError(f"kv_lora_rank must be a power of two >= 16, got {kv_lora_rank!r}")
+    q_lat, q_rope = _split_q(q, kv_lora_rank)
+    T, H, L = q_lat.shape
+    R = 0 if q_rope is None else q_rope.shape[-1]
+    device, dtype = q_lat.device, q_lat.dtype
+    if dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"q must be fp16, bf16 or fp32, got {_shape(q_lat)}")
+    if R and (not _is_pow2(R) or R < 16):
+        raise ValueError(f"rope width D - kv_lora_rank must be 0 or a power of two >= 16, got {R}")
+    if H < 1:
+        raise ValueError(f"q must have at least one head, got {_shape(q_lat)}")
+    if not isinstance(kv_cache, torch.Tensor) or kv_cache.dim() not in (2, 3):
+        raise ValueError(f"kv_cache must be [N, C] or [num_blocks, page, C], got {_shape(kv_cache)}")
+    if kv_cache.device != device:
+        raise ValueError(f"kv_cache must be on {device} like q, got {_shape(kv_cache)}")
+    fmt = _resolve_format(kv_format, kv_cache, dtype)
+    want = DS_MLA_ROW_BYTES if fmt == "fp8_ds_mla" else L + R
+    if kv_cache.shape[-1] != want:
+        raise ValueError(
+            f"kv_cache's last dimension must be {want} for kv_format={fmt!r} with q width {L + R}, "
+            f"got {_shape(kv_cache)}"
+        )
+    if fmt == "fp8_ds_mla" and (L != DS_MLA_LATENT or R not in (0, DS_MLA_ROPE)):
+        raise ValueError(
+            f"fp8_ds_mla holds 512 latent + 64 rope values; q has {L} + {R} ({_shape(q_lat)})"
+        )
+    if fmt != "auto" and kv_cache.stride(-1) != 1:
+        raise ValueError(f"a {fmt} cache must have unit stride in its last dimension: {_shape(kv_cache)}")
+    if not isinstance(indices, torch.Tensor):
+        raise TypeError(f"indices must be an int32 tensor, got {type(indices).__name__}")
+    _check_int32("indices", indices, 2, device)
+    if indices.shape[0] != T or indices.shape[1] < 1:
+        raise ValueError(f"indices must be [T={T}, W>=1], got {_shape(indices)} (q {_shape(q_lat)})")
+    W = indices.shape[1]
+    _check_int32("valid_counts", valid_counts, 1, device)
+    if valid_counts is not None and valid_counts.shape[0] != T:
+        raise ValueError(f"valid_counts must be [T={T}], got {_shape(valid_counts)}")
+    has_bt = block_table is not None
+    if has_bt != (req_ids is not None) or has_bt != (block_size is not None):
+        raise ValueError(
+            "block_table, req_ids and block_size go together: got "
+            f"block_table {_shape(block_table)}, req_ids {_shape(req_ids)}, block_size {block_size!r}"
+        )
+    if has_bt:
+        _check_int32("block_table", block_table, 2, device)
+        _check_int32("req_ids", req_ids, 1, device)
+        if req_ids.shape[0] != T:
+            raise ValueError(f"req_ids must be [T={T}], got {_shape(req_ids)}")
+        if not isinstance(block_size, int) or block_size < 1:
+            raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+    if out is not None:
+        if not isinstance(out, torch.Tensor) or tuple(out.shape) != (T, H, L) or out.dtype != dtype:
+            raise ValueError(f"out must be [{T}, {H}, {L}] {dtype}, got {_shape(out)}")
+        if out.device != device:
+            raise ValueError(f"out must be on {device} like q, got {_shape(out)}")
+    k_scale_ptr = None
+    k_scale_val = 1.0
+    if k_scale is not None:
+        if fmt != "fp8":
+            raise ValueError(f"k_scale applies to kv_format='fp8' only, got kv_format={fmt!r}")
+        if isinstance(k_scale, torch.Tensor):
+            if k_scale.numel() != 1 or k_scale.dtype != torch.float32 or k_scale.device != device:
+                raise ValueError(f"k_scale must be one float32 value on {device}, got {_shape(k_scale)}")
+            k_scale_ptr = k_scale
+        else:
+            k_scale_val = float(k_scale)
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(L + R)
+    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(
+            "sparse_mla runs on CUDA/ROCm tensors (CPU tensors only under TRITON_INTERPRET=1); "
+            "use triton_mla_sparse.reference.sparse_mla_reference on CPU"
+        )
+
+    if out is None:
+        out = torch.empty((T, H, L), dtype=dtype, device=device)
+    lse = torch.empty((T, H), dtype=torch.float32, device=device) if return_lse else None
+    if T == 0:
+        return (out, lse) if return_lse else out
+
+    from .launch import launch_sparse_mla  # Triton import deferred: nothing compiles at import
+
+    arch = arch_of(device)
+    cfg = config or choose_config(T, H, W, dtype, fmt, arch)
+    if kv_cache.dtype == torch.float8_e4m3fn:
+        kv_cache = kv_cache.view(torch.uint8)
+    launch_sparse_mla(
+        q_lat,
+        q_rope,
+        kv_cache,
+        indices,
+        valid_counts,
+        block_table,
+        req_ids,
+        block_size or 1,
+        k_scale_ptr,
+        k_scale_val,
+        out,
+        lse,
+        float(softmax_scale),
+        _FORMAT_CODE[fmt],
+        arch.fp8_native if cfg.fp8_native is None else cfg.fp8_native,
+        cfg,
+    )
+    return (out, lse) if return_lse else out

@@ -1,0 +1,333 @@
+"""Triton kernels for sparse MLA forward: a split-K attention pass and an LSE merge.
+
+One program owns (token t, split s, head block hb): it keeps BLOCK_H query heads in registers and
+walks its slice of the token's top-k list BLOCK_N indices at a time, gathering each KV row once
+for all of those heads. The latent part of the row is both K (with the rope part) and V.
+
+KV_FORMAT: 0 = cache in q's dtype, 1 = e4m3 with a per-tensor scale (folded into the softmax
+scale and the output), 2 = fp8_ds_mla (656-byte rows: 512 e4m3, 4 fp32 scales, 64 bf16 rope).
+"""
+
+import triton
+import triton.language as tl
+
+FMT_NATIVE = 0
+FMT_FP8 = 1
+FMT_DS_MLA = 2
+
+
+@triton.jit
+def _e4m3_to(b_u8, dtype: tl.constexpr, FP8_NATIVE: tl.constexpr):
+    # e4m3 byte -> `dtype`. Without hardware fp8 (sm80/86, AMD) rebuild the fp16 bit pattern:
+    # exponent/mantissa shift into place (bias 7 -> 15 is a factor 2^8, applied by the caller
+    # through its scale, see E4M3_REBIAS), sign moves to bit 15. Exact for every finite e4m3.
+    if FP8_NATIVE:
+        return b_u8.to(tl.float8e4nv, bitcast=True).to(dtype)
+    else:
+        b16 = b_u8.to(tl.uint16)
+        bits = ((b16 & 0x7F) << 7) | ((b16 & 0x80) << 8)
+        return bits.to(tl.float16, bitcast=True).to(dtype)
+
+
+@triton.jit
+def _row_offsets(
+    Idx,
+    BlockTable,
+    i_t,
+    i_req,
+    o_w,
+    m_w,
+    stride_it,
+    stride_iw,
+    stride_btr,
+    stride_btb,
+    bt_block_size,
+    bt_max_blocks,
+    num_rows,
+    page_size,
+    stride_kb,
+    stride_kr,
+    HAS_BT: tl.constexpr,
+):
+    # [BLOCK_N] indices -> (int64 byte-free element offsets of each row, validity mask).
+    # Invalid entries are clamped to row 0 before any address is formed.
+    b_idx = tl.load(Idx + i_t * stride_it + o_w * stride_iw, mask=m_w, other=-1)
+    m_n = m_w & (b_idx >= 0)
+    if HAS_BT:
+        b_blk = tl.where(m_n, b_idx // bt_block_size, 0)
+        m_n = m_n & (b_blk < bt_max_blocks)
+        b_phys = tl.load(
+            BlockTable + i_req * stride_btr + b_blk.to(tl.int64) * stride_btb,
+            mask=m_n,
+            other=-1,
+        )
+        m_n = m_n & (b_phys >= 0)
+        b_idx = b_phys * bt_block_size + (b_idx % bt_block_size)
+    m_n = m_n & (b_idx < num_rows)
+    b_row = tl.where(m_n, b_idx, 0).to(tl.int64)
+    b_page = b_row // page_size
+    o_row = b_page * stride_kb + (b_row - b_page * page_size) * stride_kr
+    return o_row, m_n
+
+
+@triton.jit
+def _load_latent(
+    KV,
+    o_row,
+    m_n,
+    stride_kd,
+    dtype: tl.constexpr,
+    L: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    KV_FORMAT: tl.constexpr,
+    FP8_NATIVE: tl.constexpr,
+):
+    # Gather the latent part of BLOCK_N rows -> [BLOCK_N, L] in `dtype` (K and V at once).
+    # fp8_ds_mla applies its four per-128 scales here, in registers.
+    if KV_FORMAT == 2:
+        G: tl.constexpr = 128
+        NG: tl.constexpr = L // G
+        o_g = tl.arange(0, NG)
+        o_e = tl.arange(0, G)
+        p_lat = KV + o_row[:, None, None] + (o_g[None, :, None] * G + o_e[None, None, :])
+        b_lat = tl.load(p_lat, mask=m_n[:, None, None], other=0)  # [N, NG, G] uint8
+        p_sc = (KV + o_row + L).to(tl.pointer_type(tl.float32))
+        b_sc = tl.load(p_sc[:, None] + o_g[None, :], mask=m_n[:, None], other=0.0)  # [N, NG]
+        if not FP8_NATIVE:
+            b_sc = b_sc * 256.0  # the integer decode leaves a factor 2^(7-15)
+        b_k = _e4m3_to(b_lat, tl.float32, FP8_NATIVE) * b_sc[:, :, None]
+        b_kn = tl.reshape(b_k, (BLOCK_N, L)).to(dtype)
+    else:
+        o_l = tl.arange(0, L)
+        b_kn = tl.load(KV + o_row[:, None] + o_l[None, :] * stride_kd, mask=m_n[:, None], other=0)
+        if KV_FORMAT == 1:
+            b_kn = _e4m3_to(b_kn, dtype, FP8_NATIVE)
+        else:
+            b_kn = b_kn.to(dtype)
+    return b_kn
+
+
+@triton.jit
+def _load_rope(
+    KV,
+    o_row,
+    m_n,
+    stride_kd,
+    dtype: tl.constexpr,
+    L: tl.constexpr,
+    R: tl.constexpr,
+    KV_FORMAT: tl.constexpr,
+    FP8_NATIVE: tl.constexpr,
+):
+    # Gather the rope part of BLOCK_N rows -> [BLOCK_N, R] in `dtype`.
+    o_r = tl.arange(0, R)
+    if KV_FORMAT == 2:
+        p_rope = (KV + o_row + L + 16).to(tl.pointer_type(tl.bfloat16))  # after 4 fp32 scales
+        b_kr = tl.load(p_rope[:, None] + o_r[None, :], mask=m_n[:, None], other=0.0).to(dtype)
+    else:
+        p_rope = KV + o_row[:, None] + (L + o_r[None, :]) * stride_kd
+        b_kr = tl.load(p_rope, mask=m_n[:, None], other=0)
+        if KV_FORMAT == 1:
+            b_kr = _e4m3_to(b_kr, dtype, FP8_NATIVE)
+        else:
+            b_kr = b_kr.to(dtype)
+    return b_kr
+
+
+@triton.jit
+def sparse_mla_fwd_kernel(
+    Q_nope,  # [T, H, L]
+    Q_rope,  # [T, H, R]
+    KV,  # paged rows: element (row r, col d) at (r // page)*stride_kb + (r % page)*stride_kr + d*stride_kd
+    Idx,  # int32 [T, W]
+    Counts,  # int32 [T] (HAS_COUNTS)
+    BlockTable,  # int32 [num_reqs, max_blocks] (HAS_BT)
+    ReqIds,  # int32 [T] (HAS_BT)
+    KScale,  # fp32 [1] (K_SCALE_PTR)
+    Out,  # [T, H, L] q dtype (NUM_SPLITS == 1)
+    Lse,  # fp32 [T, H] (STORE_LSE)
+    OPart,  # fp32 [T, S, H, L] (SPLIT)
+    LsePart,  # fp32 [T, S, H] (SPLIT)
+    sm_scale,
+    k_scale_val,
+    H,
+    W,
+    num_rows,
+    page_size,
+    split_len,
+    num_splits,
+    num_hb,
+    stride_qnt,
+    stride_qnh,
+    stride_qnd,
+    stride_qrt,
+    stride_qrh,
+    stride_qrd,
+    stride_kb,
+    stride_kr,
+    stride_kd,
+    stride_it,
+    stride_iw,
+    stride_btr,
+    stride_btb,
+    bt_block_size,
+    bt_max_blocks,
+    stride_ot,
+    stride_oh,
+    stride_od,
+    L: tl.constexpr,
+    R: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    KV_FORMAT: tl.constexpr,
+    FP8_NATIVE: tl.constexpr,
+    HAS_COUNTS: tl.constexpr,
+    HAS_BT: tl.constexpr,
+    K_SCALE_PTR: tl.constexpr,
+    SPLIT: tl.constexpr,
+    STORE_LSE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    # program -> (t, split, head block); head blocks of one token run side by side so that a
+    # row gathered for one block is still in L2 for the next.
+    i_p = tl.program_id(0)
+    i_hb = i_p % num_hb
+    i_ts = i_p // num_hb
+    i_s = i_ts % num_splits
+    i_t = (i_ts // num_splits).to(tl.int64)
+    dtype = Q_nope.dtype.element_ty
+    LOG2E: tl.constexpr = 1.4426950408889634
+
+    o_h = i_hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    m_h = o_h < H
+    o_l = tl.arange(0, L)
+
+    p_qn = Q_nope + i_t * stride_qnt + o_h[:, None] * stride_qnh + o_l[None, :] * stride_qnd
+    b_qn = tl.load(p_qn, mask=m_h[:, None], other=0.0)  # [BLOCK_H, L]
+    if R > 0:
+        o_r = tl.arange(0, R)
+        p_qr = Q_rope + i_t * stride_qrt + o_h[:, None] * stride_qrh + o_r[None, :] * stride_qrd
+        b_qr = tl.load(p_qr, mask=m_h[:, None], other=0.0)  # [BLOCK_H, R]
+
+    qk_scale = sm_scale * LOG2E
+    if KV_FORMAT == 1:
+        if K_SCALE_PTR:
+            k_scale = tl.load(KScale).to(tl.float32)
+        else:
+            k_scale = k_scale_val
+        if not FP8_NATIVE:
+            k_scale = k_scale * 256.0
+        qk_scale = qk_scale * k_scale
+
+    w_end = W
+    if HAS_COUNTS:
+        w_end = tl.minimum(tl.load(Counts + i_t), W)
+    i_req = 0
+    if HAS_BT:
+        i_req = tl.load(ReqIds + i_t).to(tl.int64)
+    w_lo = i_s * split_len
+    w_hi = tl.minimum(w_lo + split_len, w_end)
+
+    b_m = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    b_l = tl.zeros([BLOCK_H], dtype=tl.float32)
+    b_acc = tl.zeros([BLOCK_H, L], dtype=tl.float32)
+    for w0 in range(w_lo, w_hi, BLOCK_N):
+        o_w = w0 + tl.arange(0, BLOCK_N)
+        m_w = o_w < w_hi
+        o_row, m_n = _row_offsets(
+            Idx,
+            BlockTable,
+            i_t,
+            i_req,
+            o_w,
+            m_w,
+            stride_it,
+            stride_iw,
+            stride_btr,
+            stride_btb,
+            bt_block_size,
+            bt_max_blocks,
+            num_rows,
+            page_size,
+            stride_kb,
+            stride_kr,
+            HAS_BT,
+        )
+        b_kn = _load_latent(KV, o_row, m_n, stride_kd, dtype, L, BLOCK_N, KV_FORMAT, FP8_NATIVE)
+        # [BLOCK_H, BLOCK_N] logits in the log2 domain
+        b_s = tl.dot(b_qn, tl.trans(b_kn), input_precision=DOT_PRECISION)
+        if R > 0:
+            b_kr = _load_rope(KV, o_row, m_n, stride_kd, dtype, L, R, KV_FORMAT, FP8_NATIVE)
+            b_s += tl.dot(b_qr, tl.trans(b_kr), input_precision=DOT_PRECISION)
+        b_s = tl.where(m_n[None, :], b_s * qk_scale, float("-inf"))
+        b_m_new = tl.maximum(b_m, tl.max(b_s, 1))
+        # rows with nothing valid yet keep m = -inf; subtract 0 there so no -inf - -inf appears
+        b_m_use = tl.where(b_m_new == float("-inf"), 0.0, b_m_new)
+        b_alpha = tl.exp2(b_m - b_m_use)
+        b_p = tl.exp2(b_s - b_m_use[:, None])
+        b_l = b_l * b_alpha + tl.sum(b_p, 1)
+        b_acc = b_acc * b_alpha[:, None]
+        b_acc = tl.dot(b_p.to(b_kn.dtype), b_kn, b_acc, input_precision=DOT_PRECISION)
+        b_m = b_m_new
+
+    # normalise; an empty (t, split) gives zeros and LSE -inf
+    b_nonempty = b_l > 0.0
+    b_out = b_acc / tl.where(b_nonempty, b_l, 1.0)[:, None]
+    if KV_FORMAT == 1:
+        b_out = b_out * k_scale
+    b_lse = tl.where(b_nonempty, (b_m + tl.log2(tl.where(b_nonempty, b_l, 1.0))) / LOG2E, float("-inf"))
+    if SPLIT:
+        i_ts64 = i_ts.to(tl.int64)
+        p_op = OPart + (i_ts64 * H + o_h[:, None]) * L + o_l[None, :]
+        tl.store(p_op, b_out, mask=m_h[:, None])
+        tl.store(LsePart + i_ts64 * H + o_h, b_lse, mask=m_h)
+    else:
+        p_o = Out + i_t * stride_ot + o_h[:, None] * stride_oh + o_l[None, :] * stride_od
+        tl.store(p_o, b_out.to(Out.dtype.element_ty), mask=m_h[:, None])
+        if STORE_LSE:
+            tl.store(Lse + i_t * H + o_h, b_lse, mask=m_h)
+
+
+@triton.jit
+def sparse_mla_merge_kernel(
+    OPart,  # fp32 [T, S, H, L]
+    LsePart,  # fp32 [T, S, H]
+    Out,  # [T, H, L]
+    Lse,  # fp32 [T, H]
+    H,
+    num_splits,
+    stride_ot,
+    stride_oh,
+    stride_od,
+    L: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    STORE_LSE: tl.constexpr,
+):
+    # Combine the per-split (normalised output, LSE) pairs of one token's head block.
+    i_t = tl.program_id(0).to(tl.int64)
+    i_hb = tl.program_id(1)
+    o_h = i_hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    m_h = o_h < H
+    o_l = tl.arange(0, L)
+
+    b_max = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    for i_s in range(0, num_splits):
+        b_lse = tl.load(LsePart + (i_t * num_splits + i_s) * H + o_h, mask=m_h, other=float("-inf"))
+        b_max = tl.maximum(b_max, b_lse)
+    b_max_use = tl.where(b_max == float("-inf"), 0.0, b_max)
+    b_den = tl.zeros([BLOCK_H], dtype=tl.float32)
+    b_acc = tl.zeros([BLOCK_H, L], dtype=tl.float32)
+    for i_s in range(0, num_splits):
+        i_row = (i_t * num_splits + i_s) * H
+        b_lse = tl.load(LsePart + i_row + o_h, mask=m_h, other=float("-inf"))
+        b_w = tl.exp(b_lse - b_max_use)
+        b_o = tl.load(OPart + (i_row + o_h[:, None]) * L + o_l[None, :], mask=m_h[:, None], other=0.0)
+        b_acc += b_w[:, None] * b_o
+        b_den += b_w
+    b_nonempty = b_den > 0.0
+    b_out = b_acc / tl.where(b_nonempty, b_den, 1.0)[:, None]
+    p_o = Out + i_t * stride_ot + o_h[:, None] * stride_oh + o_l[None, :] * stride_od
+    tl.store(p_o, b_out.to(Out.dtype.element_ty), mask=m_h[:, None])
+    if STORE_LSE:
+        b_lse_out = tl.where(b_nonempty, b_max_use + tl.log(tl.where(b_nonempty, b_den, 1.0)), float("-inf"))
+        tl.store(Lse + i_t * H + o_h, b_lse_out, mask=m_h)

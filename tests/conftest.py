@@ -1,0 +1,25 @@
+"""Test setup: without a GPU, kernels run under Triton's interpreter on CPU tensors.
+
+TRITON_INTERPRET must be set before the kernel module is imported; the package imports it lazily,
+so setting it here, before any test runs, is enough.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+HAS_GPU = torch.cuda.is_available()
+if not HAS_GPU:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+DEVICE = torch.device("cuda") if HAS_GPU else torch.device("cpu")
+# The interpreter computes bf16 wrongly (shared notes): bf16 runs on the GPU only.
+DTYPES = [torch.float16, torch.float32] + ([torch.bfloat16] if HAS_GPU else [])
+
+
+@pytest.fixture
+def device() -> torch.device:
+    return DEVICE
