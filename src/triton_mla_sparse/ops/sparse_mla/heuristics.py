@@ -115,7 +115,7 @@ def split_len_for(width: int, num_splits: int, block_n: int) -> tuple[int, int]:
     return per, -(-width // per)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cuda_arch(index: int) -> Arch:
     props = torch.cuda.get_device_properties(index)
     if getattr(torch.version, "hip", None):

@@ -51,7 +51,9 @@ def _split_q(
     if q.dim() != 3:
         raise ValueError(f"q must be 3-D [T, H, D], got {_shape(q)}")
     if q.shape[-1] < kv_lora_rank:
-        raise ValueError(f"q's last dimension must be >= kv_lora_rank={kv_lora_rank}, got {_shape(q)}")
+        raise ValueError(
+            f"q's last dimension must be >= kv_lora_rank={kv_lora_rank}, got {_shape(q)}"
+        )
     q_rope = q[..., kv_lora_rank:] if q.shape[-1] > kv_lora_rank else None
     return q[..., :kv_lora_rank], q_rope
 
@@ -147,7 +149,9 @@ def sparse_mla(
     if H < 1:
         raise ValueError(f"q must have at least one head, got {_shape(q_lat)}")
     if not isinstance(kv_cache, torch.Tensor) or kv_cache.dim() not in (2, 3):
-        raise ValueError(f"kv_cache must be [N, C] or [num_blocks, page, C], got {_shape(kv_cache)}")
+        raise ValueError(
+            f"kv_cache must be [N, C] or [num_blocks, page, C], got {_shape(kv_cache)}"
+        )
     if kv_cache.device != device:
         raise ValueError(f"kv_cache must be on {device} like q, got {_shape(kv_cache)}")
     fmt = _resolve_format(kv_format, kv_cache, dtype)
@@ -162,12 +166,16 @@ def sparse_mla(
             f"fp8_ds_mla holds 512 latent + 64 rope values; q has {L} + {R} ({_shape(q_lat)})"
         )
     if fmt != "auto" and kv_cache.stride(-1) != 1:
-        raise ValueError(f"a {fmt} cache must have unit stride in its last dimension: {_shape(kv_cache)}")
+        raise ValueError(
+            f"a {fmt} cache must have unit stride in its last dimension: {_shape(kv_cache)}"
+        )
     if not isinstance(indices, torch.Tensor):
         raise TypeError(f"indices must be an int32 tensor, got {type(indices).__name__}")
     _check_int32("indices", indices, 2, device)
     if indices.shape[0] != T or indices.shape[1] < 1:
-        raise ValueError(f"indices must be [T={T}, W>=1], got {_shape(indices)} (q {_shape(q_lat)})")
+        raise ValueError(
+            f"indices must be [T={T}, W>=1], got {_shape(indices)} (q {_shape(q_lat)})"
+        )
     W = indices.shape[1]
     _check_int32("valid_counts", valid_counts, 1, device)
     if valid_counts is not None and valid_counts.shape[0] != T:
@@ -197,7 +205,9 @@ def sparse_mla(
             raise ValueError(f"k_scale applies to kv_format='fp8' only, got kv_format={fmt!r}")
         if isinstance(k_scale, torch.Tensor):
             if k_scale.numel() != 1 or k_scale.dtype != torch.float32 or k_scale.device != device:
-                raise ValueError(f"k_scale must be one float32 value on {device}, got {_shape(k_scale)}")
+                raise ValueError(
+                    f"k_scale must be one float32 value on {device}, got {_shape(k_scale)}"
+                )
             k_scale_ptr = k_scale
         else:
             k_scale_val = float(k_scale)

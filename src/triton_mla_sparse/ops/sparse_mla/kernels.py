@@ -275,7 +275,9 @@ def sparse_mla_fwd_kernel(
     b_out = b_acc / tl.where(b_nonempty, b_l, 1.0)[:, None]
     if KV_FORMAT == 1:
         b_out = b_out * k_scale
-    b_lse = tl.where(b_nonempty, (b_m + tl.log2(tl.where(b_nonempty, b_l, 1.0))) / LOG2E, float("-inf"))
+    b_lse = tl.where(
+        b_nonempty, (b_m + tl.log2(tl.where(b_nonempty, b_l, 1.0))) / LOG2E, float("-inf")
+    )
     if SPLIT:
         i_ts64 = i_ts.to(tl.int64)
         p_op = OPart + (i_ts64 * H + o_h[:, None]) * L + o_l[None, :]
@@ -321,7 +323,9 @@ def sparse_mla_merge_kernel(
         i_row = (i_t * num_splits + i_s) * H
         b_lse = tl.load(LsePart + i_row + o_h, mask=m_h, other=float("-inf"))
         b_w = tl.exp(b_lse - b_max_use)
-        b_o = tl.load(OPart + (i_row + o_h[:, None]) * L + o_l[None, :], mask=m_h[:, None], other=0.0)
+        b_o = tl.load(
+            OPart + (i_row + o_h[:, None]) * L + o_l[None, :], mask=m_h[:, None], other=0.0
+        )
         b_acc += b_w[:, None] * b_o
         b_den += b_w
     b_nonempty = b_den > 0.0
@@ -329,5 +333,7 @@ def sparse_mla_merge_kernel(
     p_o = Out + i_t * stride_ot + o_h[:, None] * stride_oh + o_l[None, :] * stride_od
     tl.store(p_o, b_out.to(Out.dtype.element_ty), mask=m_h[:, None])
     if STORE_LSE:
-        b_lse_out = tl.where(b_nonempty, b_max_use + tl.log(tl.where(b_nonempty, b_den, 1.0)), float("-inf"))
+        b_lse_out = tl.where(
+            b_nonempty, b_max_use + tl.log(tl.where(b_nonempty, b_den, 1.0)), float("-inf")
+        )
         tl.store(Lse + i_t * H + o_h, b_lse_out, mask=m_h)

@@ -1,0 +1,125 @@
+"""Sweep launch configurations for key shapes on the GPU: check each against the reference, time it.
+
+    python benchmarks/tune.py --out tune.json [--only decode-bf16,...]
+
+Evidence for the choices in ops/sparse_mla/heuristics.py (see docs/PERFORMANCE.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+import traceback
+
+import torch
+
+from triton_mla_sparse.bench import measure_ceilings, prepare, run_case
+from triton_mla_sparse.ops.sparse_mla.heuristics import KernelConfig, arch_of, choose_config
+from triton_mla_sparse.workloads import Case
+
+
+def grid(block_h, block_n, warps, stages, splits):
+    return [KernelConfig(*c) for c in itertools.product(block_h, block_n, warps, stages, splits)]
+
+
+SWEEPS = {
+    "latency-bf16": (
+        [Case("decode T=1 H=16", 1, 16), Case("decode T=1 H=128", 1, 128)],
+        lambda c: (
+            grid([16], [32, 64], [4], [1, 2], [16, 32, 64])
+            if c.heads <= 16
+            else grid([64], [32, 64], [4, 8], [1], [16, 32])
+        ),
+    ),
+    "bw-bf16": (
+        [Case("decode T=128 H=16", 128, 16)],
+        lambda c: grid([16], [32, 64, 128], [4, 8], [1, 2, 3], [2]),
+    ),
+    "mma-bf16": (
+        [Case("decode T=128 H=128", 128, 128), Case("decode T=16 H=64", 16, 64)],
+        lambda c: (
+            grid([64], [32, 64], [4, 8], [1, 2], [1])
+            if c.tokens > 16
+            else grid([64], [32, 64], [8], [1, 2], [8, 16])
+        ),
+    ),
+    "prefill-bf16": (
+        [Case("prefill T=4096 H=64", 4096, 64, rows=65536)],
+        lambda c: grid([64], [32, 64], [4, 8], [1, 2, 3], [1]),
+    ),
+    "dsmla": (
+        [
+            Case("decode T=128 H=16", 128, 16, kv_format="fp8_ds_mla"),
+            Case("decode T=1 H=16", 1, 16, kv_format="fp8_ds_mla"),
+        ],
+        lambda c: (
+            grid([16], [32, 64], [4, 8], [1, 2], [2])
+            if c.tokens > 1
+            else grid([16], [32, 64], [4], [1, 2], [32, 64])
+        ),
+    ),
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="tune.json")
+    ap.add_argument("--only", default=",".join(SWEEPS))
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    ceil = measure_ceilings(dev)
+    print(
+        f"ceilings: copy {ceil.copy_gbps:.0f} GB/s, matmul {ceil.matmul_tflops:.0f} TFLOP/s",
+        flush=True,
+    )
+    rows = []
+    for name in args.only.split(","):
+        cases, configs = SWEEPS[name]
+        for case in cases:
+            prepared = prepare(case, dev)
+            default = choose_config(
+                case.tokens, case.heads, case.topk, case.dtype, case.kv_format, arch_of(dev)
+            )
+            for cfg in [default, *configs(case)]:
+                try:
+                    r = run_case(case, dev, ceil, config=cfg, prepared=prepared)
+                    d = dataclasses.asdict(r)
+                except Exception as e:  # out of shared memory, register spills that fail, ...
+                    d = {
+                        "case": case.name,
+                        "kv_format": case.kv_format,
+                        "config": str(cfg),
+                        "error": repr(e)[:300],
+                    }
+                    traceback.print_exc(limit=1)
+                d["sweep"], d["default"] = name, cfg == default
+                rows.append(d)
+                with open(args.out, "w") as f:
+                    json.dump({"ceilings": dataclasses.asdict(ceil), "rows": rows}, f, indent=1)
+                print(
+                    f"{name:13s} {case.kv_format:10s} {case.name:22s} {d.get('config')} "
+                    f"err {d.get('err', float('nan')):.1e} us {d.get('us')} ratio {d.get('ratio')}",
+                    flush=True,
+                )
+    print("\nbest per case:")
+    for name in args.only.split(","):
+        for case in SWEEPS[name][0]:
+            cand = [
+                r
+                for r in rows
+                if r["case"] == case.name and r["kv_format"] == case.kv_format and r.get("us")
+            ]
+            if not cand:
+                continue
+            best = min(cand, key=lambda r: r["us"])
+            dflt = next((r for r in cand if r["default"]), None)
+            print(
+                f"  {case.kv_format:10s} {case.name:22s} best {best['us']:8.1f} us {best['config']:28s} "
+                f"(x{best['ratio']:.2f} floor) default {dflt['us'] if dflt else float('nan'):8.1f} us"
+            )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,174 @@
+"""Measurement: ceilings measured on the card, the floor of a shape, checked and timed calls.
+
+floor = max(bytes / copy bandwidth, FLOPs / bf16 matmul rate), with
+bytes = T*W*row_bytes + q + out and FLOPs = 2*H*T*W*(576+512) (../shared/notes/anchors.md).
+Decode is timed from CUDA-graph replays (as a server runs it), prefill with device events.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+
+import torch
+
+from .kv_format import bytes_per_row
+from .ops.sparse_mla.heuristics import KernelConfig, arch_of, choose_config
+from .reference import sparse_mla_reference
+from .workloads import Case, Inputs, make_inputs
+
+
+@dataclasses.dataclass
+class Ceilings:
+    copy_gbps: float  # read + write, GB/s
+    matmul_tflops: float  # bf16, random data
+
+
+def measure_ceilings(device: torch.device) -> Ceilings:
+    n = 1 << 29  # 1 GiB of bytes
+    a = torch.empty(n, dtype=torch.uint8, device=device)
+    b = torch.empty_like(a)
+    a.random_(0, 255)
+    t_copy = time_events(lambda: b.copy_(a), reps=20)
+    m = 8192
+    x = torch.randn(m, m, device=device, dtype=torch.bfloat16)
+    y = torch.randn(m, m, device=device, dtype=torch.bfloat16)
+    t_mm = time_events(lambda: x @ y, reps=10)
+    return Ceilings(2 * n / t_copy / 1e3, 2 * m**3 / t_mm / 1e6)
+
+
+def time_events(fn, reps: int = 20, warmup: int = 3) -> float:
+    """Median µs of ``fn`` with device events around each call."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) * 1e3)
+    return statistics.median(times)
+
+
+def time_graph(fn, reps: int = 30, calls_per_graph: int = 20) -> float:
+    """Median µs per call from CUDA-graph replays (``calls_per_graph`` calls captured back to back)."""
+    fn()  # compile and warm outside capture
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls_per_graph):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    return time_events(graph.replay, reps=reps, warmup=2) / calls_per_graph
+
+
+def case_cost(case: Case, inp: Inputs) -> tuple[float, float]:
+    """(bytes, FLOPs) of one call, counting every listed index as one row read."""
+    t, h = case.tokens, case.heads
+    w = inp.indices.shape[1]
+    row = bytes_per_row(case.kv_format, 512 + case.rope, case.dtype)
+    esize = torch.empty((), dtype=case.dtype).element_size()
+    nbytes = t * w * row + t * h * (512 + case.rope) * esize + t * h * 512 * esize
+    flops = 2.0 * h * t * w * (512 + case.rope + 512)
+    return nbytes, flops
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    if not torch.isfinite(out).all():
+        return float("inf")
+    den = ref.double().norm().item() or 1.0
+    return (out.double() - ref.double()).norm().item() / den
+
+
+TOLERANCE = {torch.float32: 1e-4, torch.float16: 3e-3, torch.bfloat16: 1.5e-2}
+
+
+@dataclasses.dataclass
+class Result:
+    case: str
+    kv_format: str
+    dtype: str
+    tokens: int
+    heads: int
+    topk: int
+    config: str
+    err: float
+    passed: bool
+    us: float | None = None
+    gbps: float | None = None
+    tflops: float | None = None
+    floor_us: float | None = None
+    ratio: float | None = None
+    bound: str | None = None
+    ref_us: float | None = None
+
+
+def prepare(case: Case, device: torch.device, seed: int = 0) -> tuple[Inputs, torch.Tensor]:
+    """Inputs of a case and the reference output for them."""
+    inp = make_inputs(case, device, seed)
+    ref = sparse_mla_reference(inp.q, inp.kv_cache, inp.indices, inp.scale, **inp.kwargs)
+    return inp, ref
+
+
+def run_case(
+    case: Case,
+    device: torch.device,
+    ceilings: Ceilings | None = None,
+    config: KernelConfig | None = None,
+    time_it: bool = True,
+    time_reference: bool = False,
+    seed: int = 0,
+    prepared: tuple[Inputs, torch.Tensor] | None = None,
+) -> Result:
+    """Check one case against the reference, then (if it passed) time it.
+
+    ``prepared`` reuses (inputs, reference output) across configurations of one case.
+    """
+    from . import sparse_mla
+
+    inp, ref = prepared or prepare(case, device, seed)
+    kw = dict(inp.kwargs)
+    cfg = config or choose_config(
+        case.tokens, case.heads, inp.indices.shape[1], case.dtype, case.kv_format, arch_of(device)
+    )
+    out = torch.full((case.tokens, case.heads, 512), float("nan"), dtype=case.dtype, device=device)
+    sparse_mla(inp.q, inp.kv_cache, inp.indices, inp.scale, out=out, config=cfg, **kw)
+    ref_fn = lambda: sparse_mla_reference(inp.q, inp.kv_cache, inp.indices, inp.scale, **kw)  # noqa: E731
+    err = rel_err(out, ref)
+    passed = err <= TOLERANCE[case.dtype]
+    res = Result(
+        case.name,
+        case.kv_format,
+        str(case.dtype).replace("torch.", ""),
+        case.tokens,
+        case.heads,
+        inp.indices.shape[1],
+        f"h{cfg.block_h} n{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages} k{cfg.num_splits}",
+        err,
+        passed,
+    )
+    if not (time_it and passed and device.type == "cuda"):
+        return res
+    fn = lambda: sparse_mla(inp.q, inp.kv_cache, inp.indices, inp.scale, out=out, config=cfg, **kw)  # noqa: E731
+    res.us = time_graph(fn) if case.decode else time_events(fn)
+    nbytes, flops = case_cost(case, inp)
+    res.gbps = nbytes / res.us / 1e3
+    res.tflops = flops / res.us / 1e6
+    if ceilings is not None:
+        t_mem = nbytes / ceilings.copy_gbps / 1e3
+        t_mma = flops / ceilings.matmul_tflops / 1e6
+        res.floor_us = max(t_mem, t_mma)
+        res.bound = "memory" if t_mem >= t_mma else "compute"
+        res.ratio = res.us / res.floor_us
+    if time_reference:
+        res.ref_us = time_events(ref_fn, reps=3, warmup=1)
+    return res

@@ -1,0 +1,1 @@
+"""Command line: ``triton-mla-sparse verify | bench | doctor``."""

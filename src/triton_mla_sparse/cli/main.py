@@ -1,0 +1,39 @@
+"""Entry point of the ``triton-mla-sparse`` command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="triton-mla-sparse",
+        description="Sparse MLA attention in Triton: check, time and diagnose on this machine.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    from . import bench, verify
+
+    p = sub.add_parser(
+        "verify", help="run the kernel against the reference on the default workload"
+    )
+    verify.add_args(p)
+    p.set_defaults(run=verify.main)
+    p = sub.add_parser("bench", help="time the kernel over a grid of shapes (GPU)")
+    bench.add_args(p)
+    p.set_defaults(run=bench.main)
+    p = sub.add_parser("doctor", help="what vLLM would select on this (or a given) GPU, and why")
+    p.add_argument("--capability", default=None, help="simulate a compute capability, e.g. 8.9")
+    p.set_defaults(run=_doctor)
+    args = parser.parse_args(argv)
+    return int(args.run(args) or 0)
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from .doctor import doctor_main
+
+    return doctor_main(["--capability", args.capability] if args.capability else [])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,160 @@
+"""Ahead-of-time compile worker for tests/test_compile.py (run as a script, never imported by pytest).
+
+Runs without a GPU and without TRITON_INTERPRET (the jit decorator picks the interpreter when the
+kernels module is imported, so this must be a fresh process). For each job it calls the real
+launcher, ``launch.launch_sparse_mla``, on small CPU tensors with the kernels swapped for recorders,
+so the argument lists, constexprs and launch options are exactly the ones a GPU launch would use.
+Each recorded call is then specialised the way Triton's runtime does it (pointer dtypes, 16-byte
+alignment, integers equal to 1 folded into constants) and compiled with ``triton.compile`` for the
+job's target.
+
+Usage: ``python aot_compile.py JOBS.json RESULTS.json``. A job is a dict with keys ``arch``
+(``"cuda:90"`` / ``"hip:gfx942"``), ``dtype``, ``fmt``, ``block_h``, ``block_n``, ``num_warps``,
+``num_stages``, ``split``, ``rope``, ``has_counts``, ``has_bt``, ``store_lse``. A result holds,
+per kernel, ``shared`` bytes (or ``error`` text) and compile seconds.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import sys
+import time
+import traceback
+
+assert os.environ.get("TRITON_INTERPRET", "0") in ("", "0"), "run with TRITON_INTERPRET unset"
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton._C.libtriton import native_specialize_impl  # noqa: E402
+from triton.backends.compiler import BaseBackend, GPUTarget  # noqa: E402
+
+from triton_mla_sparse.ops.sparse_mla import kernels, launch  # noqa: E402
+from triton_mla_sparse.ops.sparse_mla.heuristics import KernelConfig  # noqa: E402
+
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+FORMAT_CODE = {"auto": 0, "fp8": 1, "fp8_ds_mla": 2}
+
+
+class _Recorder:
+    """Stands in for a JITFunction: ``kernel[grid](*args, **kwargs)`` records the call."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.calls = []
+
+    def __getitem__(self, grid):
+        def call(*args, **kwargs):
+            self.calls.append((self.fn, args, kwargs))
+
+        return call
+
+
+def _target(arch: str) -> GPUTarget:
+    backend, cc = arch.split(":")
+    if backend == "hip":
+        return GPUTarget("hip", cc, 64)
+    return GPUTarget("cuda", int(cc), 32)
+
+
+def _record(job: dict) -> list:
+    """Run the launcher on CPU tensors shaped like a serving call; return the recorded calls."""
+    dtype = DTYPES[job["dtype"]]
+    fmt = job["fmt"]
+    T, H, L, R, W = 4, 128, 512, job["rope"], 2048
+    q = torch.zeros(T, H, L + R, dtype=dtype)
+    q_lat, q_rope = q[..., :L], (q[..., L:] if R else None)
+    if fmt == "fp8_ds_mla":
+        cache = torch.zeros(32, 64, 656, dtype=torch.uint8)
+    elif fmt == "fp8":
+        cache = torch.zeros(32, 64, L + R, dtype=torch.uint8)
+    else:
+        cache = torch.zeros(32, 64, L + R, dtype=dtype)
+    indices = torch.zeros(T, W, dtype=torch.int32)
+    counts = torch.zeros(T, dtype=torch.int32) if job["has_counts"] else None
+    bt = torch.zeros(16, 32, dtype=torch.int32) if job["has_bt"] else None
+    req = torch.zeros(T, dtype=torch.int32) if job["has_bt"] else None
+    out = torch.zeros(T, H, L, dtype=dtype)
+    lse = torch.zeros(T, H, dtype=torch.float32) if job["store_lse"] else None
+    cfg = KernelConfig(
+        job["block_h"],
+        job["block_n"],
+        job["num_warps"],
+        job["num_stages"],
+        num_splits=4 if job["split"] else 1,
+    )
+    fwd = _Recorder(kernels.sparse_mla_fwd_kernel)
+    merge = _Recorder(kernels.sparse_mla_merge_kernel)
+    launch.sparse_mla_fwd_kernel, launch.sparse_mla_merge_kernel = fwd, merge
+    launch.launch_sparse_mla(
+        q_lat,
+        q_rope,
+        cache,
+        indices,
+        counts,
+        bt,
+        req,
+        64,
+        None,
+        1.0,
+        out,
+        lse,
+        0.04,
+        FORMAT_CODE[fmt],
+        job["arch"].startswith("cuda") and int(job["arch"].split(":")[1]) >= 89,
+        cfg,
+    )
+    assert len(fwd.calls) == 1 and len(merge.calls) == (1 if job["split"] else 0)
+    return fwd.calls + merge.calls
+
+
+def _source(fn, args, kwargs):
+    """(ASTSource, options) for one recorded call, specialised as Triton's runtime would."""
+    options = {k: kwargs.pop(k) for k in ("num_warps", "num_stages") if k in kwargs}
+    bound = inspect.signature(fn.fn).bind(*args, **kwargs)
+    signature, constexprs, attrs = {}, {}, {}
+    for i, p in enumerate(fn.params):
+        value = bound.arguments[p.name]
+        if p.is_constexpr:
+            signature[p.name], constexprs[p.name] = "constexpr", value
+            continue
+        kind, spec = native_specialize_impl(BaseBackend, value, False, True, True)
+        signature[p.name] = kind
+        if kind == "constexpr":  # an int equal to 1
+            constexprs[p.name] = spec
+        elif isinstance(spec, str) and "D" in spec:
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    return triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs), options
+
+
+def run_job(job: dict) -> dict:
+    res = {}
+    try:
+        calls = _record(job)
+    except Exception:  # a launcher/kernel mismatch is a result, not a crash
+        return {"record": {"error": traceback.format_exc(limit=3)}}
+    for fn, args, kwargs in calls:
+        t0 = time.perf_counter()
+        try:
+            src, options = _source(fn, args, dict(kwargs))
+            compiled = triton.compile(src, target=_target(job["arch"]), options=options)
+            res[fn.__name__] = {"shared": int(compiled.metadata.shared)}
+        except Exception as e:  # keep going: report every failing configuration
+            msg = f"{type(e).__name__}: {e}"
+            res[fn.__name__] = {"error": msg[-2000:]}
+        res[fn.__name__]["seconds"] = round(time.perf_counter() - t0, 2)
+    return res
+
+
+def main() -> None:
+    jobs_path, results_path = sys.argv[1], sys.argv[2]
+    with open(jobs_path) as f:
+        jobs = json.load(f)
+    results = {key: run_job(job) for key, job in jobs.items()}
+    with open(results_path, "w") as f:
+        json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
