@@ -169,6 +169,11 @@ def sparse_mla(
         raise ValueError(
             f"a {fmt} cache must have unit stride in its last dimension: {_shape(kv_cache)}"
         )
+    num_rows = kv_cache.shape[0] * (kv_cache.shape[1] if kv_cache.dim() == 3 else 1)
+    if num_rows >= 2**31:
+        raise ValueError(
+            f"kv_cache holds {num_rows} rows; at most 2^31 - 1 are addressable by int32 indices"
+        )
     if not isinstance(indices, torch.Tensor):
         raise TypeError(f"indices must be an int32 tensor, got {type(indices).__name__}")
     _check_int32("indices", indices, 2, device)

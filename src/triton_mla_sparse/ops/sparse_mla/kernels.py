@@ -30,6 +30,17 @@ def _e4m3_to(b_u8, dtype: tl.constexpr, FP8_NATIVE: tl.constexpr):
 
 
 @triton.jit
+def _div_pow2(x, d, SHIFT: tl.constexpr):
+    # (x // d, x % d) for non-negative int32 x; a shift when d == 2^SHIFT (SHIFT >= 0), since a
+    # general integer division costs tens of instructions per index in the hot loop.
+    if SHIFT >= 0:
+        return x >> SHIFT, x & ((1 << SHIFT) - 1)
+    else:
+        q = x // d
+        return q, x - q * d
+
+
+@triton.jit
 def _row_offsets(
     Idx,
     BlockTable,
@@ -48,25 +59,29 @@ def _row_offsets(
     stride_kb,
     stride_kr,
     HAS_BT: tl.constexpr,
+    BT_SHIFT: tl.constexpr,
+    PAGE_SHIFT: tl.constexpr,
 ):
-    # [BLOCK_N] indices -> (int64 byte-free element offsets of each row, validity mask).
+    # [BLOCK_N] indices -> (int64 element offsets of each row, validity mask).
     # Invalid entries are clamped to row 0 before any address is formed.
     b_idx = tl.load(Idx + i_t * stride_it + o_w * stride_iw, mask=m_w, other=-1)
     m_n = m_w & (b_idx >= 0)
     if HAS_BT:
-        b_blk = tl.where(m_n, b_idx // bt_block_size, 0)
+        b_pos = tl.where(m_n, b_idx, 0)
+        b_blk, b_slot = _div_pow2(b_pos, bt_block_size, BT_SHIFT)
         m_n = m_n & (b_blk < bt_max_blocks)
         b_phys = tl.load(
-            BlockTable + i_req * stride_btr + b_blk.to(tl.int64) * stride_btb,
+            BlockTable + i_req * stride_btr + tl.where(m_n, b_blk, 0) * stride_btb,
             mask=m_n,
             other=-1,
         )
-        m_n = m_n & (b_phys >= 0)
-        b_idx = b_phys * bt_block_size + (b_idx % bt_block_size)
+        # bound the block id first: phys * block_size must not wrap around int32
+        m_n = m_n & (b_phys >= 0) & (b_phys <= num_rows // bt_block_size)
+        b_idx = tl.where(m_n, b_phys, 0) * bt_block_size + b_slot
     m_n = m_n & (b_idx < num_rows)
-    b_row = tl.where(m_n, b_idx, 0).to(tl.int64)
-    b_page = b_row // page_size
-    o_row = b_page * stride_kb + (b_row - b_page * page_size) * stride_kr
+    b_row = tl.where(m_n, b_idx, 0)  # int32: rows < 2^31, checked on the host
+    b_page, b_slot = _div_pow2(b_row, page_size, PAGE_SHIFT)
+    o_row = b_page.to(tl.int64) * stride_kb + b_slot.to(tl.int64) * stride_kr
     return o_row, m_n
 
 
@@ -183,6 +198,8 @@ def sparse_mla_fwd_kernel(
     FP8_NATIVE: tl.constexpr,
     HAS_COUNTS: tl.constexpr,
     HAS_BT: tl.constexpr,
+    BT_SHIFT: tl.constexpr,
+    PAGE_SHIFT: tl.constexpr,
     K_SCALE_PTR: tl.constexpr,
     SPLIT: tl.constexpr,
     STORE_LSE: tl.constexpr,
@@ -252,6 +269,8 @@ def sparse_mla_fwd_kernel(
             stride_kb,
             stride_kr,
             HAS_BT,
+            BT_SHIFT,
+            PAGE_SHIFT,
         )
         b_kn = _load_latent(KV, o_row, m_n, stride_kd, dtype, L, BLOCK_N, KV_FORMAT, FP8_NATIVE)
         # [BLOCK_H, BLOCK_N] logits in the log2 domain
@@ -302,38 +321,33 @@ def sparse_mla_merge_kernel(
     stride_oh,
     stride_od,
     L: tl.constexpr,
-    BLOCK_H: tl.constexpr,
+    S_PAD: tl.constexpr,
+    BLOCK_L: tl.constexpr,
     STORE_LSE: tl.constexpr,
 ):
-    # Combine the per-split (normalised output, LSE) pairs of one token's head block.
-    i_t = tl.program_id(0).to(tl.int64)
-    i_hb = tl.program_id(1)
-    o_h = i_hb * BLOCK_H + tl.arange(0, BLOCK_H)
-    m_h = o_h < H
-    o_l = tl.arange(0, L)
-
-    b_max = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
-    for i_s in range(0, num_splits):
-        b_lse = tl.load(LsePart + (i_t * num_splits + i_s) * H + o_h, mask=m_h, other=float("-inf"))
-        b_max = tl.maximum(b_max, b_lse)
+    # One program per (token, head, BLOCK_L output columns): all splits in one [S_PAD, BLOCK_L]
+    # tile, so no program walks the splits serially.
+    i_th = tl.program_id(0).to(tl.int64)
+    i_l = tl.program_id(1)
+    i_t = i_th // H
+    i_h = i_th % H
+    o_s = tl.arange(0, S_PAD)
+    m_s = o_s < num_splits
+    o_l = i_l * BLOCK_L + tl.arange(0, BLOCK_L)
+    o_row = (i_t * num_splits + o_s) * H + i_h  # [S_PAD] rows of LsePart / OPart
+    b_lse = tl.load(LsePart + o_row, mask=m_s, other=float("-inf"))
+    b_max = tl.max(b_lse, 0)
     b_max_use = tl.where(b_max == float("-inf"), 0.0, b_max)
-    b_den = tl.zeros([BLOCK_H], dtype=tl.float32)
-    b_acc = tl.zeros([BLOCK_H, L], dtype=tl.float32)
-    for i_s in range(0, num_splits):
-        i_row = (i_t * num_splits + i_s) * H
-        b_lse = tl.load(LsePart + i_row + o_h, mask=m_h, other=float("-inf"))
-        b_w = tl.exp(b_lse - b_max_use)
-        b_o = tl.load(
-            OPart + (i_row + o_h[:, None]) * L + o_l[None, :], mask=m_h[:, None], other=0.0
-        )
-        b_acc += b_w[:, None] * b_o
-        b_den += b_w
-    b_nonempty = b_den > 0.0
-    b_out = b_acc / tl.where(b_nonempty, b_den, 1.0)[:, None]
-    p_o = Out + i_t * stride_ot + o_h[:, None] * stride_oh + o_l[None, :] * stride_od
-    tl.store(p_o, b_out.to(Out.dtype.element_ty), mask=m_h[:, None])
+    b_w = tl.exp(b_lse - b_max_use)  # empty splits (LSE -inf) weigh 0
+    b_den = tl.sum(b_w, 0)
+    b_o = tl.load(OPart + o_row[:, None] * L + o_l[None, :], mask=m_s[:, None], other=0.0)
+    b_out = tl.sum(b_w[:, None] * b_o, 0) / tl.where(b_den > 0.0, b_den, 1.0)
+    tl.store(
+        Out + i_t * stride_ot + i_h * stride_oh + o_l * stride_od, b_out.to(Out.dtype.element_ty)
+    )
     if STORE_LSE:
-        b_lse_out = tl.where(
-            b_nonempty, b_max_use + tl.log(tl.where(b_nonempty, b_den, 1.0)), float("-inf")
-        )
-        tl.store(Lse + i_t * H + o_h, b_lse_out, mask=m_h)
+        if i_l == 0:
+            b_lse_out = tl.where(
+                b_den > 0.0, b_max_use + tl.log(tl.where(b_den > 0.0, b_den, 1.0)), float("-inf")
+            )
+            tl.store(Lse + i_t * H + i_h, b_lse_out)

@@ -7,7 +7,10 @@ import torch
 from .heuristics import KernelConfig, split_len_for
 from .kernels import sparse_mla_fwd_kernel, sparse_mla_merge_kernel
 
-MERGE_BLOCK_H = 16
+
+def _shift(n: int) -> int:
+    """log2(n) for a power of two, else -1 (general division in the kernel)."""
+    return n.bit_length() - 1 if n > 0 and n & (n - 1) == 0 else -1
 
 
 def _cache_geometry(kv_cache: torch.Tensor) -> tuple[int, int, int, int, int]:
@@ -93,6 +96,8 @@ def launch_sparse_mla(
         FP8_NATIVE=fp8_native,
         HAS_COUNTS=valid_counts is not None,
         HAS_BT=block_table is not None,
+        BT_SHIFT=_shift(bt_block_size),
+        PAGE_SHIFT=_shift(page),
         K_SCALE_PTR=k_scale_ptr is not None,
         SPLIT=split,
         STORE_LSE=lse is not None,
@@ -101,7 +106,9 @@ def launch_sparse_mla(
         num_stages=cfg.num_stages,
     )
     if split:
-        sparse_mla_merge_kernel[(T, -(-H // MERGE_BLOCK_H))](
+        s_pad = 1 << (num_splits - 1).bit_length()
+        block_l = max(64, min(L, 4096 // s_pad))
+        sparse_mla_merge_kernel[(T * H, -(-L // block_l))](
             o_part,
             lse_part,
             out,
@@ -110,7 +117,8 @@ def launch_sparse_mla(
             num_splits,
             *out.stride(),
             L=L,
-            BLOCK_H=MERGE_BLOCK_H,
+            S_PAD=s_pad,
+            BLOCK_L=block_l,
             STORE_LSE=lse is not None,
             num_warps=4,
         )
