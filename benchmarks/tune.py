@@ -25,45 +25,27 @@ def grid(block_h, block_n, warps, stages, splits):
 
 
 SWEEPS = {
-    "latency-bf16": (
-        [Case("decode T=1 H=16", 1, 16), Case("decode T=1 H=128", 1, 128)],
-        lambda c: (
-            grid([16], [32, 64], [4], [1, 2], [8, 16, 32, 64])
-            if c.heads <= 16
-            else grid([64], [32, 64], [8], [1, 2], [8, 16, 32])
-        ),
-    ),
     "bw-bf16": (
-        [Case("decode T=128 H=16", 128, 16), Case("decode T=16 H=16", 16, 16)],
-        lambda c: (
-            grid([16], [32], [4, 8], [2, 3, 4], [1, 2, 4, 8])
-            + grid([16], [64], [4, 8], [2], [2, 4])
-            if c.tokens == 128
-            else grid([16], [32, 64], [4], [2, 3], [8, 16, 32])
-        ),
-    ),
-    "mma-bf16": (
-        [Case("decode T=128 H=128", 128, 128), Case("decode T=16 H=64", 16, 64)],
-        lambda c: (
-            grid([64], [32, 64], [8], [2, 3], [1, 2])
-            if c.tokens > 16
-            else grid([64], [32, 64], [8], [2], [4, 8, 16])
-        ),
-    ),
-    "prefill-bf16": (
-        [Case("prefill T=4096 H=64", 4096, 64, rows=65536)],
-        lambda c: grid([64], [32], [8], [3, 4], [1]) + grid([64], [64], [8], [2, 3], [1]),
+        [Case("decode T=128 H=16", 128, 16), Case("decode T=64 H=8", 64, 8)],
+        lambda c: grid([16], [64], [4, 8], [2, 3], [1, 2, 3, 4]),
     ),
     "dsmla": (
         [
             Case("decode T=128 H=16", 128, 16, kv_format="fp8_ds_mla"),
             Case("decode T=1 H=16", 1, 16, kv_format="fp8_ds_mla"),
+            Case("decode T=128 H=128", 128, 128, kv_format="fp8_ds_mla"),
         ],
         lambda c: (
-            grid([16], [32, 64], [4, 8], [1, 2], [2, 4, 8])
-            if c.tokens > 1
-            else grid([16], [32, 64], [4], [1, 2], [16, 32, 64])
+            grid([16], [32, 64], [4, 8], [1, 2, 3], [1, 2, 4])
+            if c.tokens > 1 and c.heads <= 16
+            else grid([16], [32, 64], [4], [1, 2], [32, 64])
+            if c.tokens == 1
+            else grid([64], [32, 64], [8], [1, 2], [1, 2])
         ),
+    ),
+    "mma-bf16": (
+        [Case("decode T=16 H=128", 16, 128), Case("decode T=64 H=64", 64, 64)],
+        lambda c: grid([64], [64], [8], [2, 3], [2, 4, 8]),
     ),
 }
 

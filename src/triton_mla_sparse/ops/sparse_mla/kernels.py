@@ -93,33 +93,40 @@ def _load_latent(
     stride_kd,
     dtype: tl.constexpr,
     L: tl.constexpr,
-    BLOCK_N: tl.constexpr,
     KV_FORMAT: tl.constexpr,
     FP8_NATIVE: tl.constexpr,
 ):
     # Gather the latent part of BLOCK_N rows -> [BLOCK_N, L] in `dtype` (K and V at once).
-    # fp8_ds_mla applies its four per-128 scales here, in registers.
-    if KV_FORMAT == 2:
-        G: tl.constexpr = 128
-        NG: tl.constexpr = L // G
-        o_g = tl.arange(0, NG)
-        o_e = tl.arange(0, G)
-        p_lat = KV + o_row[:, None, None] + (o_g[None, :, None] * G + o_e[None, None, :])
-        b_lat = tl.load(p_lat, mask=m_n[:, None, None], other=0)  # [N, NG, G] uint8
-        p_sc = (KV + o_row + L).to(tl.pointer_type(tl.float32))
-        b_sc = tl.load(p_sc[:, None] + o_g[None, :], mask=m_n[:, None], other=0.0)  # [N, NG]
-        if not FP8_NATIVE:
-            b_sc = b_sc * 256.0  # the integer decode leaves a factor 2^(7-15)
-        b_k = _e4m3_to(b_lat, tl.float32, FP8_NATIVE) * b_sc[:, :, None]
-        b_kn = tl.reshape(b_k, (BLOCK_N, L)).to(dtype)
+    o_l = tl.arange(0, L)
+    b_kn = tl.load(KV + o_row[:, None] + o_l[None, :] * stride_kd, mask=m_n[:, None], other=0)
+    if KV_FORMAT == 1:
+        b_kn = _e4m3_to(b_kn, dtype, FP8_NATIVE)
     else:
-        o_l = tl.arange(0, L)
-        b_kn = tl.load(KV + o_row[:, None] + o_l[None, :] * stride_kd, mask=m_n[:, None], other=0)
-        if KV_FORMAT == 1:
-            b_kn = _e4m3_to(b_kn, dtype, FP8_NATIVE)
-        else:
-            b_kn = b_kn.to(dtype)
+        b_kn = b_kn.to(dtype)
     return b_kn
+
+
+@triton.jit
+def _ds_chunk(
+    KV,
+    o_row,
+    m_n,
+    G: tl.constexpr,
+    C: tl.constexpr,
+    L: tl.constexpr,
+    dtype: tl.constexpr,
+    FP8_NATIVE: tl.constexpr,
+):
+    # fp8_ds_mla chunk G of BLOCK_N rows: (e4m3 latent [BLOCK_N, C] cast to `dtype`, unscaled;
+    # its float32 scale per row [BLOCK_N]). The integer decode leaves a factor 2^(7-15), put back
+    # through the scale.
+    o_c = tl.arange(0, C)
+    b_k8 = tl.load(KV + o_row[:, None] + (G * C + o_c[None, :]), mask=m_n[:, None], other=0)
+    p_sc = (KV + o_row + L + 4 * G).to(tl.pointer_type(tl.float32))
+    b_sc = tl.load(p_sc, mask=m_n, other=0.0)
+    if not FP8_NATIVE:
+        b_sc = b_sc * 256.0
+    return _e4m3_to(b_k8, dtype, FP8_NATIVE), b_sc
 
 
 @triton.jit
@@ -219,8 +226,6 @@ def sparse_mla_fwd_kernel(
     m_h = o_h < H
     o_l = tl.arange(0, L)
 
-    p_qn = Q_nope + i_t * stride_qnt + o_h[:, None] * stride_qnh + o_l[None, :] * stride_qnd
-    b_qn = tl.load(p_qn, mask=m_h[:, None], other=0.0)  # [BLOCK_H, L]
     if R > 0:
         o_r = tl.arange(0, R)
         p_qr = Q_rope + i_t * stride_qrt + o_h[:, None] * stride_qrh + o_r[None, :] * stride_qrd
@@ -247,7 +252,25 @@ def sparse_mla_fwd_kernel(
 
     b_m = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     b_l = tl.zeros([BLOCK_H], dtype=tl.float32)
-    b_acc = tl.zeros([BLOCK_H, L], dtype=tl.float32)
+    if KV_FORMAT == 2:
+        # fp8_ds_mla: four 128-wide chunks, each with its own per-row scale. The scale multiplies
+        # the chunk's logits column-wise and is folded into P before the chunk's PV dot, so the
+        # e4m3 -> bf16 conversion stays a plain elementwise cast on the operand.
+        C: tl.constexpr = L // 4
+        o_c = tl.arange(0, C)
+        p_q = Q_nope + i_t * stride_qnt + o_h[:, None] * stride_qnh + o_c[None, :] * stride_qnd
+        b_q0 = tl.load(p_q, mask=m_h[:, None], other=0.0)
+        b_q1 = tl.load(p_q + C * stride_qnd, mask=m_h[:, None], other=0.0)
+        b_q2 = tl.load(p_q + 2 * C * stride_qnd, mask=m_h[:, None], other=0.0)
+        b_q3 = tl.load(p_q + 3 * C * stride_qnd, mask=m_h[:, None], other=0.0)
+        b_a0 = tl.zeros([BLOCK_H, C], dtype=tl.float32)
+        b_a1 = tl.zeros([BLOCK_H, C], dtype=tl.float32)
+        b_a2 = tl.zeros([BLOCK_H, C], dtype=tl.float32)
+        b_a3 = tl.zeros([BLOCK_H, C], dtype=tl.float32)
+    else:
+        p_qn = Q_nope + i_t * stride_qnt + o_h[:, None] * stride_qnh + o_l[None, :] * stride_qnd
+        b_qn = tl.load(p_qn, mask=m_h[:, None], other=0.0)  # [BLOCK_H, L]
+        b_acc = tl.zeros([BLOCK_H, L], dtype=tl.float32)
     for w0 in range(w_lo, w_hi, BLOCK_N):
         o_w = w0 + tl.arange(0, BLOCK_N)
         m_w = o_w < w_hi
@@ -272,41 +295,188 @@ def sparse_mla_fwd_kernel(
             BT_SHIFT,
             PAGE_SHIFT,
         )
-        b_kn = _load_latent(KV, o_row, m_n, stride_kd, dtype, L, BLOCK_N, KV_FORMAT, FP8_NATIVE)
-        # [BLOCK_H, BLOCK_N] logits in the log2 domain
-        b_s = tl.dot(b_qn, tl.trans(b_kn), input_precision=DOT_PRECISION)
+        if KV_FORMAT == 2:
+            b_k0, b_c0 = _ds_chunk(KV, o_row, m_n, 0, C, L, dtype, FP8_NATIVE)
+            b_k1, b_c1 = _ds_chunk(KV, o_row, m_n, 1, C, L, dtype, FP8_NATIVE)
+            b_k2, b_c2 = _ds_chunk(KV, o_row, m_n, 2, C, L, dtype, FP8_NATIVE)
+            b_k3, b_c3 = _ds_chunk(KV, o_row, m_n, 3, C, L, dtype, FP8_NATIVE)
+            # [BLOCK_H, BLOCK_N] logits
+            b_s = tl.dot(b_q0, tl.trans(b_k0), input_precision=DOT_PRECISION) * b_c0[None, :]
+            b_s += tl.dot(b_q1, tl.trans(b_k1), input_precision=DOT_PRECISION) * b_c1[None, :]
+            b_s += tl.dot(b_q2, tl.trans(b_k2), input_precision=DOT_PRECISION) * b_c2[None, :]
+            b_s += tl.dot(b_q3, tl.trans(b_k3), input_precision=DOT_PRECISION) * b_c3[None, :]
+        else:
+            b_kn = _load_latent(KV, o_row, m_n, stride_kd, dtype, L, KV_FORMAT, FP8_NATIVE)
+            b_s = tl.dot(b_qn, tl.trans(b_kn), input_precision=DOT_PRECISION)
         if R > 0:
             b_kr = _load_rope(KV, o_row, m_n, stride_kd, dtype, L, R, KV_FORMAT, FP8_NATIVE)
             b_s += tl.dot(b_qr, tl.trans(b_kr), input_precision=DOT_PRECISION)
-        b_s = tl.where(m_n[None, :], b_s * qk_scale, float("-inf"))
+        b_s = tl.where(m_n[None, :], b_s * qk_scale, float("-inf"))  # log2 domain
         b_m_new = tl.maximum(b_m, tl.max(b_s, 1))
         # rows with nothing valid yet keep m = -inf; subtract 0 there so no -inf - -inf appears
         b_m_use = tl.where(b_m_new == float("-inf"), 0.0, b_m_new)
         b_alpha = tl.exp2(b_m - b_m_use)
         b_p = tl.exp2(b_s - b_m_use[:, None])
         b_l = b_l * b_alpha + tl.sum(b_p, 1)
-        b_acc = b_acc * b_alpha[:, None]
-        b_acc = tl.dot(b_p.to(b_kn.dtype), b_kn, b_acc, input_precision=DOT_PRECISION)
         b_m = b_m_new
+        if KV_FORMAT == 2:
+            b_a0 = tl.dot(
+                (b_p * b_c0[None, :]).to(dtype),
+                b_k0,
+                b_a0 * b_alpha[:, None],
+                input_precision=DOT_PRECISION,
+            )
+            b_a1 = tl.dot(
+                (b_p * b_c1[None, :]).to(dtype),
+                b_k1,
+                b_a1 * b_alpha[:, None],
+                input_precision=DOT_PRECISION,
+            )
+            b_a2 = tl.dot(
+                (b_p * b_c2[None, :]).to(dtype),
+                b_k2,
+                b_a2 * b_alpha[:, None],
+                input_precision=DOT_PRECISION,
+            )
+            b_a3 = tl.dot(
+                (b_p * b_c3[None, :]).to(dtype),
+                b_k3,
+                b_a3 * b_alpha[:, None],
+                input_precision=DOT_PRECISION,
+            )
+        else:
+            b_acc = b_acc * b_alpha[:, None]
+            b_acc = tl.dot(b_p.to(dtype), b_kn, b_acc, input_precision=DOT_PRECISION)
 
     # normalise; an empty (t, split) gives zeros and LSE -inf
     b_nonempty = b_l > 0.0
-    b_out = b_acc / tl.where(b_nonempty, b_l, 1.0)[:, None]
+    b_inv = 1.0 / tl.where(b_nonempty, b_l, 1.0)
     if KV_FORMAT == 1:
-        b_out = b_out * k_scale
+        b_inv = b_inv * k_scale
     b_lse = tl.where(
         b_nonempty, (b_m + tl.log2(tl.where(b_nonempty, b_l, 1.0))) / LOG2E, float("-inf")
     )
-    if SPLIT:
-        i_ts64 = i_ts.to(tl.int64)
-        p_op = OPart + (i_ts64 * H + o_h[:, None]) * L + o_l[None, :]
-        tl.store(p_op, b_out, mask=m_h[:, None])
-        tl.store(LsePart + i_ts64 * H + o_h, b_lse, mask=m_h)
+    i_ts64 = i_ts.to(tl.int64)
+    if KV_FORMAT == 2:
+        _store_out(
+            b_a0 * b_inv[:, None],
+            0,
+            C,
+            Out,
+            OPart,
+            i_t,
+            i_ts64,
+            o_h,
+            m_h,
+            H,
+            stride_ot,
+            stride_oh,
+            stride_od,
+            L,
+            SPLIT,
+        )
+        _store_out(
+            b_a1 * b_inv[:, None],
+            C,
+            C,
+            Out,
+            OPart,
+            i_t,
+            i_ts64,
+            o_h,
+            m_h,
+            H,
+            stride_ot,
+            stride_oh,
+            stride_od,
+            L,
+            SPLIT,
+        )
+        _store_out(
+            b_a2 * b_inv[:, None],
+            2 * C,
+            C,
+            Out,
+            OPart,
+            i_t,
+            i_ts64,
+            o_h,
+            m_h,
+            H,
+            stride_ot,
+            stride_oh,
+            stride_od,
+            L,
+            SPLIT,
+        )
+        _store_out(
+            b_a3 * b_inv[:, None],
+            3 * C,
+            C,
+            Out,
+            OPart,
+            i_t,
+            i_ts64,
+            o_h,
+            m_h,
+            H,
+            stride_ot,
+            stride_oh,
+            stride_od,
+            L,
+            SPLIT,
+        )
     else:
-        p_o = Out + i_t * stride_ot + o_h[:, None] * stride_oh + o_l[None, :] * stride_od
+        _store_out(
+            b_acc * b_inv[:, None],
+            0,
+            L,
+            Out,
+            OPart,
+            i_t,
+            i_ts64,
+            o_h,
+            m_h,
+            H,
+            stride_ot,
+            stride_oh,
+            stride_od,
+            L,
+            SPLIT,
+        )
+    if SPLIT:
+        tl.store(LsePart + i_ts64 * H + o_h, b_lse, mask=m_h)
+    elif STORE_LSE:
+        tl.store(Lse + i_t * H + o_h, b_lse, mask=m_h)
+
+
+@triton.jit
+def _store_out(
+    b_out,
+    col0,
+    COLS: tl.constexpr,
+    Out,
+    OPart,
+    i_t,
+    i_ts64,
+    o_h,
+    m_h,
+    H,
+    stride_ot,
+    stride_oh,
+    stride_od,
+    L: tl.constexpr,
+    SPLIT: tl.constexpr,
+):
+    # columns [col0, col0 + COLS) of a normalised [BLOCK_H, COLS] output block: fp32 into the
+    # split workspace, or the final output in its dtype
+    o_c = col0 + tl.arange(0, COLS)
+    if SPLIT:
+        p_op = OPart + (i_ts64 * H + o_h[:, None]) * L + o_c[None, :]
+        tl.store(p_op, b_out, mask=m_h[:, None])
+    else:
+        p_o = Out + i_t * stride_ot + o_h[:, None] * stride_oh + o_c[None, :] * stride_od
         tl.store(p_o, b_out.to(Out.dtype.element_ty), mask=m_h[:, None])
-        if STORE_LSE:
-            tl.store(Lse + i_t * H + o_h, b_lse, mask=m_h)
 
 
 @triton.jit
