@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import itertools
 import json
+import os
 import traceback
 
 import torch
@@ -24,28 +25,48 @@ def grid(block_h, block_n, warps, stages, splits):
     return [KernelConfig(*c) for c in itertools.product(block_h, block_n, warps, stages, splits)]
 
 
+DS_CASES = [
+    Case("decode T=128 H=16", 128, 16, kv_format="fp8_ds_mla"),
+    Case("decode T=64 H=8", 64, 8, kv_format="fp8_ds_mla"),
+    Case("decode T=1 H=16", 1, 16, kv_format="fp8_ds_mla"),
+    Case("decode T=128 H=128", 128, 128, kv_format="fp8_ds_mla"),
+]
+
+
+def ds_grid(c):
+    if c.heads > 16:
+        return grid([64], [32, 64], [8], [1, 2], [1])
+    if c.tokens == 1:
+        return grid([16], [32, 64], [4], [1], [32, 64])
+    return grid([16], [32, 64], [4, 8], [1, 2], [2, 4])
+
+
+# name -> (cases, configs for a case, environment for the sweep)
 SWEEPS = {
-    "bw-bf16": (
-        [Case("decode T=128 H=16", 128, 16), Case("decode T=64 H=8", 64, 8)],
-        lambda c: grid([16], [64], [4, 8], [2, 3], [1, 2, 3, 4]),
-    ),
-    "dsmla": (
+    "ds-staged": (DS_CASES, ds_grid, {"TMS_DS_STAGE": "1"}),
+    "ds-hoisted": (DS_CASES, ds_grid, {"TMS_DS_STAGE": "0"}),
+    "fp8": (
         [
-            Case("decode T=128 H=16", 128, 16, kv_format="fp8_ds_mla"),
-            Case("decode T=1 H=16", 1, 16, kv_format="fp8_ds_mla"),
-            Case("decode T=128 H=128", 128, 128, kv_format="fp8_ds_mla"),
+            Case("decode T=128 H=16", 128, 16, kv_format="fp8"),
+            Case("decode T=1 H=16", 1, 16, kv_format="fp8"),
         ],
-        lambda c: (
-            grid([16], [32, 64], [4, 8], [1, 2, 3], [1, 2, 4])
-            if c.tokens > 1 and c.heads <= 16
-            else grid([16], [32, 64], [4], [1, 2], [32, 64])
-            if c.tokens == 1
-            else grid([64], [32, 64], [8], [1, 2], [1, 2])
-        ),
+        lambda c: grid([16], [32, 64], [4], [1, 2], [2] if c.tokens > 1 else [32, 64]),
+        {},
     ),
-    "mma-bf16": (
-        [Case("decode T=16 H=128", 16, 128), Case("decode T=64 H=64", 64, 64)],
-        lambda c: grid([64], [64], [8], [2, 3], [2, 4, 8]),
+    "bf16": (
+        [
+            Case("decode T=1 H=16", 1, 16),
+            Case("decode T=4 H=16", 4, 16),
+            Case("decode T=1 H=128", 1, 128),
+        ],
+        lambda c: grid(
+            [c.heads if c.heads <= 16 else 64],
+            [32, 64],
+            [4 if c.heads <= 16 else 8],
+            [2, 3],
+            [16, 32, 64],
+        ),
+        {},
     ),
 }
 
@@ -63,7 +84,8 @@ def main() -> None:
     )
     rows = []
     for name in args.only.split(","):
-        cases, configs = SWEEPS[name]
+        cases, configs, env = SWEEPS[name]
+        os.environ.update(env)
         for case in cases:
             prepared = prepare(case, dev)
             default = choose_config(
@@ -96,7 +118,10 @@ def main() -> None:
             cand = [
                 r
                 for r in rows
-                if r["case"] == case.name and r["kv_format"] == case.kv_format and r.get("us")
+                if r["sweep"] == name
+                and r["case"] == case.name
+                and r["kv_format"] == case.kv_format
+                and r.get("us")
             ]
             if not cand:
                 continue

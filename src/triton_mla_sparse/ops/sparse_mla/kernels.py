@@ -108,6 +108,7 @@ def _load_latent(
 
 @triton.jit
 def _ds_chunk(
+    STAGE: tl.constexpr,
     KV,
     o_row,
     m_n,
@@ -126,7 +127,13 @@ def _ds_chunk(
     b_sc = tl.load(p_sc, mask=m_n, other=0.0)
     if not FP8_NATIVE:
         b_sc = b_sc * 256.0
-    return _e4m3_to(b_k8, dtype, FP8_NATIVE), b_sc
+    b_k = _e4m3_to(b_k8, dtype, FP8_NATIVE)
+    if STAGE:
+        # masking after the cast keeps Triton from hoisting the cast into each dot's operand
+        # layout: the tile is converted once and staged through shared memory as fp16, instead
+        # of being re-read byte by byte (transposed, bank-conflicted) for the PV dot
+        b_k = tl.where(m_n[:, None], b_k, 0.0)
+    return b_k, b_sc
 
 
 @triton.jit
@@ -203,6 +210,8 @@ def sparse_mla_fwd_kernel(
     BLOCK_N: tl.constexpr,
     KV_FORMAT: tl.constexpr,
     FP8_NATIVE: tl.constexpr,
+    MMA_FP16: tl.constexpr,
+    DS_STAGE: tl.constexpr,
     HAS_COUNTS: tl.constexpr,
     HAS_BT: tl.constexpr,
     BT_SHIFT: tl.constexpr,
@@ -219,7 +228,12 @@ def sparse_mla_fwd_kernel(
     i_ts = i_p // num_hb
     i_s = i_ts % num_splits
     i_t = (i_ts // num_splits).to(tl.int64)
-    dtype = Q_nope.dtype.element_ty
+    # MMA operand type: q's dtype for a native cache; fp16 for an e4m3 cache (one conversion
+    # instruction per two values, and e4m3 fits fp16 exactly), fp32 stays fp32.
+    if MMA_FP16:
+        dtype = tl.float16
+    else:
+        dtype = Q_nope.dtype.element_ty
     LOG2E: tl.constexpr = 1.4426950408889634
 
     o_h = i_hb * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -229,6 +243,7 @@ def sparse_mla_fwd_kernel(
     if R > 0:
         o_r = tl.arange(0, R)
         p_qr = Q_rope + i_t * stride_qrt + o_h[:, None] * stride_qrh + o_r[None, :] * stride_qrd
+        # the rope dot stays in q's dtype: ds_mla stores rope as bf16, nothing to convert
         b_qr = tl.load(p_qr, mask=m_h[:, None], other=0.0)  # [BLOCK_H, R]
 
     qk_scale = sm_scale * LOG2E
@@ -259,17 +274,20 @@ def sparse_mla_fwd_kernel(
         C: tl.constexpr = L // 4
         o_c = tl.arange(0, C)
         p_q = Q_nope + i_t * stride_qnt + o_h[:, None] * stride_qnh + o_c[None, :] * stride_qnd
-        b_q0 = tl.load(p_q, mask=m_h[:, None], other=0.0)
-        b_q1 = tl.load(p_q + C * stride_qnd, mask=m_h[:, None], other=0.0)
-        b_q2 = tl.load(p_q + 2 * C * stride_qnd, mask=m_h[:, None], other=0.0)
-        b_q3 = tl.load(p_q + 3 * C * stride_qnd, mask=m_h[:, None], other=0.0)
+        b_q0 = tl.load(p_q, mask=m_h[:, None], other=0.0).to(dtype)
+        b_q1 = tl.load(p_q + C * stride_qnd, mask=m_h[:, None], other=0.0).to(dtype)
+        b_q2 = tl.load(p_q + 2 * C * stride_qnd, mask=m_h[:, None], other=0.0).to(dtype)
+        b_q3 = tl.load(p_q + 3 * C * stride_qnd, mask=m_h[:, None], other=0.0).to(dtype)
         b_a0 = tl.zeros([BLOCK_H, C], dtype=tl.float32)
         b_a1 = tl.zeros([BLOCK_H, C], dtype=tl.float32)
         b_a2 = tl.zeros([BLOCK_H, C], dtype=tl.float32)
         b_a3 = tl.zeros([BLOCK_H, C], dtype=tl.float32)
+        # P is scaled by scale / b_ref (b_ref: the tile's largest scale) so that it stays in
+        # [0, 1] like an unscaled P; the accumulators are kept in units of the current b_ref.
+        b_ref = 1.0
     else:
         p_qn = Q_nope + i_t * stride_qnt + o_h[:, None] * stride_qnh + o_l[None, :] * stride_qnd
-        b_qn = tl.load(p_qn, mask=m_h[:, None], other=0.0)  # [BLOCK_H, L]
+        b_qn = tl.load(p_qn, mask=m_h[:, None], other=0.0).to(dtype)  # [BLOCK_H, L]
         b_acc = tl.zeros([BLOCK_H, L], dtype=tl.float32)
     for w0 in range(w_lo, w_hi, BLOCK_N):
         o_w = w0 + tl.arange(0, BLOCK_N)
@@ -296,10 +314,10 @@ def sparse_mla_fwd_kernel(
             PAGE_SHIFT,
         )
         if KV_FORMAT == 2:
-            b_k0, b_c0 = _ds_chunk(KV, o_row, m_n, 0, C, L, dtype, FP8_NATIVE)
-            b_k1, b_c1 = _ds_chunk(KV, o_row, m_n, 1, C, L, dtype, FP8_NATIVE)
-            b_k2, b_c2 = _ds_chunk(KV, o_row, m_n, 2, C, L, dtype, FP8_NATIVE)
-            b_k3, b_c3 = _ds_chunk(KV, o_row, m_n, 3, C, L, dtype, FP8_NATIVE)
+            b_k0, b_c0 = _ds_chunk(DS_STAGE, KV, o_row, m_n, 0, C, L, dtype, FP8_NATIVE)
+            b_k1, b_c1 = _ds_chunk(DS_STAGE, KV, o_row, m_n, 1, C, L, dtype, FP8_NATIVE)
+            b_k2, b_c2 = _ds_chunk(DS_STAGE, KV, o_row, m_n, 2, C, L, dtype, FP8_NATIVE)
+            b_k3, b_c3 = _ds_chunk(DS_STAGE, KV, o_row, m_n, 3, C, L, dtype, FP8_NATIVE)
             # [BLOCK_H, BLOCK_N] logits
             b_s = tl.dot(b_q0, tl.trans(b_k0), input_precision=DOT_PRECISION) * b_c0[None, :]
             b_s += tl.dot(b_q1, tl.trans(b_k1), input_precision=DOT_PRECISION) * b_c1[None, :]
@@ -309,7 +327,7 @@ def sparse_mla_fwd_kernel(
             b_kn = _load_latent(KV, o_row, m_n, stride_kd, dtype, L, KV_FORMAT, FP8_NATIVE)
             b_s = tl.dot(b_qn, tl.trans(b_kn), input_precision=DOT_PRECISION)
         if R > 0:
-            b_kr = _load_rope(KV, o_row, m_n, stride_kd, dtype, L, R, KV_FORMAT, FP8_NATIVE)
+            b_kr = _load_rope(KV, o_row, m_n, stride_kd, b_qr.dtype, L, R, KV_FORMAT, FP8_NATIVE)
             b_s += tl.dot(b_qr, tl.trans(b_kr), input_precision=DOT_PRECISION)
         b_s = tl.where(m_n[None, :], b_s * qk_scale, float("-inf"))  # log2 domain
         b_m_new = tl.maximum(b_m, tl.max(b_s, 1))
@@ -320,26 +338,34 @@ def sparse_mla_fwd_kernel(
         b_l = b_l * b_alpha + tl.sum(b_p, 1)
         b_m = b_m_new
         if KV_FORMAT == 2:
+            b_cmax = tl.maximum(
+                tl.maximum(tl.max(b_c0, 0), tl.max(b_c1, 0)),
+                tl.maximum(tl.max(b_c2, 0), tl.max(b_c3, 0)),
+            )
+            b_ref_new = tl.where(b_cmax > 0.0, b_cmax, 1.0)
+            b_alpha = b_alpha * (b_ref / b_ref_new)
+            b_ref = b_ref_new
+            b_pr = b_p / b_ref
             b_a0 = tl.dot(
-                (b_p * b_c0[None, :]).to(dtype),
+                (b_pr * b_c0[None, :]).to(dtype),
                 b_k0,
                 b_a0 * b_alpha[:, None],
                 input_precision=DOT_PRECISION,
             )
             b_a1 = tl.dot(
-                (b_p * b_c1[None, :]).to(dtype),
+                (b_pr * b_c1[None, :]).to(dtype),
                 b_k1,
                 b_a1 * b_alpha[:, None],
                 input_precision=DOT_PRECISION,
             )
             b_a2 = tl.dot(
-                (b_p * b_c2[None, :]).to(dtype),
+                (b_pr * b_c2[None, :]).to(dtype),
                 b_k2,
                 b_a2 * b_alpha[:, None],
                 input_precision=DOT_PRECISION,
             )
             b_a3 = tl.dot(
-                (b_p * b_c3[None, :]).to(dtype),
+                (b_pr * b_c3[None, :]).to(dtype),
                 b_k3,
                 b_a3 * b_alpha[:, None],
                 input_precision=DOT_PRECISION,
@@ -353,6 +379,8 @@ def sparse_mla_fwd_kernel(
     b_inv = 1.0 / tl.where(b_nonempty, b_l, 1.0)
     if KV_FORMAT == 1:
         b_inv = b_inv * k_scale
+    if KV_FORMAT == 2:
+        b_inv = b_inv * b_ref
     b_lse = tl.where(
         b_nonempty, (b_m + tl.log2(tl.where(b_nonempty, b_l, 1.0))) / LOG2E, float("-inf")
     )

@@ -1,0 +1,141 @@
+"""vLLM plugin: the TRITON_MLA_SPARSE sparse MLA attention backend (vLLM 0.33).
+
+vLLM calls :func:`register` through the ``vllm.general_plugins`` entry point in every process
+(API server, engine core, each worker) before models are built. Importing this package imports
+nothing from vLLM or Triton and touches no GPU; :func:`register` imports only vLLM's backend
+registry (and, on CUDA, its platform module to wrap the priority list).
+
+What it registers:
+
+- the backend class in vLLM's ``AttentionBackendEnum.CUSTOM`` slot. A brand-new enum member
+  (``AttentionBackendEnum.register("TRITON_MLA_SPARSE", ...)``) is not used: enum members pickle
+  by value, and a spawned worker unpickles the engine config before any plugin runs, so a new
+  member's value is unknown there and unpickling fails. ``CUSTOM`` exists in every process.
+- the name ``TRITON_MLA_SPARSE`` as an alias of that same ``CUSTOM`` member, so
+  ``--attention-backend TRITON_MLA_SPARSE`` parses to ``CUSTOM`` and pickles as ``CUSTOM``.
+- on CUDA, a wrapper around vLLM's MLA priority list that appends ``CUSTOM`` last, so this
+  backend is chosen automatically only where no native sparse MLA backend is valid.
+  Set ``TRITON_MLA_SPARSE_AUTOSELECT=0`` to turn that off (explicit selection still works).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+from importlib import metadata
+
+BACKEND_NAME = "TRITON_MLA_SPARSE"
+BACKEND_CLASS_PATH = "triton_mla_sparse.vllm_plugin.backend.TritonMLASparseBackend"
+# vLLM's backend and selection internals this plugin builds on change between minor releases.
+SUPPORTED_VLLM = ((0, 33), (0, 34))  # [lower, upper)
+AUTOSELECT_ENV = "TRITON_MLA_SPARSE_AUTOSELECT"
+
+# A child of vLLM's logger, so the line appears with vLLM's formatting and level.
+logger = logging.getLogger("vllm.triton_mla_sparse")
+
+_lock = threading.Lock()
+_state: dict[str, object] = {"done": False, "registered": False, "reason": ""}
+
+__all__ = [
+    "BACKEND_CLASS_PATH",
+    "BACKEND_NAME",
+    "SUPPORTED_VLLM",
+    "is_registered",
+    "register",
+    "vllm_version_supported",
+]
+
+
+def _parse_version(version: str) -> tuple[int, int, int]:
+    nums = [int(x) for x in re.findall(r"\d+", version.split("+")[0])[:3]]
+    return tuple(nums + [0] * (3 - len(nums)))  # type: ignore[return-value]
+
+
+def vllm_version_supported(version: str | None = None) -> tuple[bool, str]:
+    """Whether the installed (or given) vLLM version is one this plugin supports, and why not."""
+    if version is None:
+        try:
+            version = metadata.version("vllm")
+        except metadata.PackageNotFoundError:
+            return False, "vllm is not installed"
+    lo, hi = SUPPORTED_VLLM
+    if not (lo <= _parse_version(version)[:2] < hi):
+        return False, (
+            f"vllm {version} is outside the supported range "
+            f">={lo[0]}.{lo[1]},<{hi[0]}.{hi[1]} (its sparse MLA backend API differs)"
+        )
+    return True, ""
+
+
+def is_registered() -> bool:
+    """Whether ``AttentionBackendEnum.CUSTOM`` currently resolves to this plugin's backend."""
+    try:
+        from vllm.v1.attention.backends.registry import _ATTN_OVERRIDES, AttentionBackendEnum
+    except Exception:
+        return False
+    return _ATTN_OVERRIDES.get(AttentionBackendEnum.CUSTOM) == BACKEND_CLASS_PATH
+
+
+def _add_name_alias(enum_cls: type) -> None:
+    # An alias (a second name for CUSTOM), not a new member: AttentionBackendEnum["TRITON_MLA_SPARSE"]
+    # returns CUSTOM, which pickles as CUSTOM and so reaches spawned workers intact.
+    member_map = enum_cls._member_map_  # type: ignore[attr-defined]
+    if BACKEND_NAME not in member_map:
+        member_map[BACKEND_NAME] = enum_cls.CUSTOM  # type: ignore[attr-defined]
+
+
+def register() -> bool:
+    """Register the backend with vLLM. Cheap, idempotent, never raises; returns success.
+
+    Safe to call any number of times and from any vLLM process; logs one line per process.
+    """
+    with _lock:
+        if _state["done"]:
+            return bool(_state["registered"])
+        try:
+            ok, why = _register()
+        except Exception as e:  # a plugin must never take vLLM down
+            ok, why = False, f"registration failed: {type(e).__name__}: {e}"
+        _state.update(done=True, registered=ok, reason=why)
+        if ok:
+            logger.info("triton_mla_sparse: %s", why)
+        else:
+            logger.warning("triton_mla_sparse: registered nothing: %s", why)
+        return ok
+
+
+def _register() -> tuple[bool, str]:
+    ok, why = vllm_version_supported()
+    if not ok:
+        return False, why
+    from vllm.v1.attention.backends.registry import (
+        _ATTN_OVERRIDES,
+        AttentionBackendEnum,
+        register_backend,
+    )
+
+    custom = AttentionBackendEnum.CUSTOM
+    current = _ATTN_OVERRIDES.get(custom)
+    if current not in (None, BACKEND_CLASS_PATH):
+        return False, (
+            f"AttentionBackendEnum.CUSTOM already holds {current} (another plugin); "
+            "not overriding it"
+        )
+    if current is None:
+        register_backend(custom, BACKEND_CLASS_PATH)
+    _add_name_alias(AttentionBackendEnum)
+
+    auto = "off (no CUDA platform)"
+    if os.environ.get(AUTOSELECT_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+        auto = f"off ({AUTOSELECT_ENV}=0)"
+    else:
+        from .selection import install_priority_wrapper
+
+        if install_priority_wrapper():
+            auto = "on where no native sparse MLA backend is valid"
+    return True, (
+        f"registered {BACKEND_CLASS_PATH} as attention backend CUSTOM "
+        f"(alias {BACKEND_NAME}); automatic selection {auto}"
+    )

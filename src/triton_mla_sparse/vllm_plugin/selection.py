@@ -1,0 +1,65 @@
+"""Automatic selection: put this backend last in vLLM's CUDA MLA priority list.
+
+vLLM's ``CudaPlatform.get_valid_backends`` (vllm/platforms/cuda.py:376-417) walks the list that
+the module global ``_get_backend_priorities`` (cuda.py:83, ``functools.cache``'d) returns and picks
+the first backend whose ``validate_configuration`` passes. Appending ``CUSTOM`` at the end means
+every native backend keeps its priority wherever it is valid, and this backend wins only where none
+is (SM8x; SM12x with a bf16 cache or a top-k FlashInfer lacks). No vLLM file is edited: the module
+global is replaced by a wrapper that returns a fresh list (the cached list object is shared).
+
+``vllm.platforms.cuda`` needs libcuda to import, so the wrapper is installed only when vLLM's
+current platform is CUDA (then the module is already imported).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+_MARK = "_triton_mla_sparse_wrapped"
+
+
+def _wrap(original: Callable[..., list]) -> Callable[..., list]:
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    custom = AttentionBackendEnum.CUSTOM
+
+    @functools.wraps(original)
+    def priorities(*args: Any, **kwargs: Any) -> list:
+        backends = list(original(*args, **kwargs))  # a copy: never mutate the cached list
+        use_mla = kwargs["use_mla"] if "use_mla" in kwargs else (args[0] if args else False)
+        # MLA lists only: this backend is MLA-only, and it validates itself (sparse, dtypes,
+        # capability) like any other entry, so non-sparse MLA models never select it.
+        if use_mla and custom not in backends:
+            backends.append(custom)
+        return backends
+
+    setattr(priorities, _MARK, True)
+    return priorities
+
+
+def install_priority_wrapper(cuda_module: Any = None) -> bool:
+    """Wrap ``vllm.platforms.cuda._get_backend_priorities``; True when installed (or already).
+
+    Without ``cuda_module``, installs only when vLLM's current platform is CUDA. Tests pass the
+    module (imported with the native extension stood in) to exercise the real selection code.
+    """
+    if cuda_module is None:
+        from vllm.platforms import current_platform
+
+        if not current_platform.is_cuda():
+            return False
+        import vllm.platforms.cuda as cuda_module
+    original = cuda_module._get_backend_priorities
+    if getattr(original, _MARK, False):
+        return True
+    cuda_module._get_backend_priorities = _wrap(original)
+    return True
+
+
+def uninstall_priority_wrapper(cuda_module: Any) -> None:
+    """Restore vLLM's own priority function (tests)."""
+    fn = cuda_module._get_backend_priorities
+    if getattr(fn, _MARK, False):
+        cuda_module._get_backend_priorities = fn.__wrapped__
