@@ -11,7 +11,6 @@ import argparse
 import dataclasses
 import itertools
 import json
-import os
 import traceback
 
 import torch
@@ -21,8 +20,9 @@ from triton_mla_sparse.ops.sparse_mla.heuristics import KernelConfig, arch_of, c
 from triton_mla_sparse.workloads import Case
 
 
-def grid(block_h, block_n, warps, stages, splits):
-    return [KernelConfig(*c) for c in itertools.product(block_h, block_n, warps, stages, splits)]
+def grid(block_h, block_n, warps, stages, splits, **extra):
+    combos = itertools.product(block_h, block_n, warps, stages, splits)
+    return [KernelConfig(*c, **extra) for c in combos]
 
 
 DS_CASES = [
@@ -33,40 +33,36 @@ DS_CASES = [
 ]
 
 
-def ds_grid(c):
+def ds_grid(c, stage):
     if c.heads > 16:
-        return grid([64], [32, 64], [8], [1, 2], [1])
+        return grid([64], [32, 64], [8], [1, 2], [1], stage_dequant=stage)
     if c.tokens == 1:
-        return grid([16], [32, 64], [4], [1], [32, 64])
-    return grid([16], [32, 64], [4, 8], [1, 2], [2, 4])
+        return grid([16], [32, 64], [4], [1], [32, 64], stage_dequant=stage)
+    return grid([16], [32, 64], [4, 8], [1, 2], [2, 4], stage_dequant=stage)
 
 
-# name -> (cases, configs for a case, environment for the sweep)
+# name -> (cases, configs for a case)
 SWEEPS = {
-    "ds-staged": (DS_CASES, ds_grid, {"TMS_DS_STAGE": "1"}),
-    "ds-hoisted": (DS_CASES, ds_grid, {"TMS_DS_STAGE": "0"}),
+    "ds-staged": (DS_CASES, lambda c: ds_grid(c, True)),
+    "ds-hoisted": (DS_CASES, lambda c: ds_grid(c, False)),
     "fp8": (
         [
             Case("decode T=128 H=16", 128, 16, kv_format="fp8"),
             Case("decode T=1 H=16", 1, 16, kv_format="fp8"),
         ],
-        lambda c: grid([16], [32, 64], [4], [1, 2], [2] if c.tokens > 1 else [32, 64]),
-        {},
+        lambda c: grid([16], [32, 64, 128], [4], [2], [2] if c.tokens > 1 else [32, 64]),
     ),
     "bf16": (
         [
-            Case("decode T=1 H=16", 1, 16),
-            Case("decode T=4 H=16", 4, 16),
-            Case("decode T=1 H=128", 1, 128),
+            Case("decode T=128 H=16", 128, 16),
+            Case("decode T=128 H=128", 128, 128),
+            Case("prefill T=4096 H=64", 4096, 64, rows=65536),
         ],
-        lambda c: grid(
-            [c.heads if c.heads <= 16 else 64],
-            [32, 64],
-            [4 if c.heads <= 16 else 8],
-            [2, 3],
-            [16, 32, 64],
+        lambda c: (
+            grid([16], [64], [4, 8], [2], [2])
+            if c.heads <= 16
+            else grid([64], [64], [8], [2, 3], [1])
         ),
-        {},
     ),
 }
 
@@ -84,8 +80,7 @@ def main() -> None:
     )
     rows = []
     for name in args.only.split(","):
-        cases, configs, env = SWEEPS[name]
-        os.environ.update(env)
+        cases, configs = SWEEPS[name]
         for case in cases:
             prepared = prepare(case, dev)
             default = choose_config(

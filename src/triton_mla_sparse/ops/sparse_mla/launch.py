@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from .heuristics import KernelConfig, split_len_for
@@ -97,7 +95,7 @@ def launch_sparse_mla(
         KV_FORMAT=kv_format,
         FP8_NATIVE=fp8_native,
         MMA_FP16=kv_format != 0 and q_lat.dtype != torch.float32,
-        DS_STAGE=os.environ.get("TMS_DS_STAGE", "1") == "1",
+        DS_STAGE=cfg.stage_dequant,
         HAS_COUNTS=valid_counts is not None,
         HAS_BT=block_table is not None,
         BT_SHIFT=_shift(bt_block_size),
