@@ -10,7 +10,8 @@ job's target.
 
 Usage: ``python aot_compile.py JOBS.json RESULTS.json``. A job is a dict with keys ``arch``
 (``"cuda:90"`` / ``"hip:gfx942"``), ``dtype``, ``fmt``, ``block_h``, ``block_n``, ``num_warps``,
-``num_stages``, ``split``, ``rope``, ``has_counts``, ``has_bt``, ``store_lse``. A result holds,
+``num_stages``, ``split``, ``rope``, ``has_counts``, ``has_bt``, ``store_lse`` and optionally
+``stage_dequant``. A result holds,
 per kernel, ``shared`` bytes (or ``error`` text) and compile seconds.
 """
 
@@ -27,8 +28,12 @@ assert os.environ.get("TRITON_INTERPRET", "0") in ("", "0"), "run with TRITON_IN
 
 import torch  # noqa: E402
 import triton  # noqa: E402
-from triton._C.libtriton import native_specialize_impl  # noqa: E402
 from triton.backends.compiler import BaseBackend, GPUTarget  # noqa: E402
+
+try:  # Triton >= 3.5: the runtime's own specialisation
+    from triton._C.libtriton import native_specialize_impl as _native  # noqa: E402
+except ImportError:  # pragma: no cover - older Triton (the GPU host runs 3.6)
+    _native = None
 
 from triton_mla_sparse.ops.sparse_mla import kernels, launch  # noqa: E402
 from triton_mla_sparse.ops.sparse_mla.heuristics import KernelConfig  # noqa: E402
@@ -77,12 +82,16 @@ def _record(job: dict) -> list:
     req = torch.zeros(T, dtype=torch.int32) if job["has_bt"] else None
     out = torch.zeros(T, H, L, dtype=dtype)
     lse = torch.zeros(T, H, dtype=torch.float32) if job["store_lse"] else None
+    extra = {}
+    if job.get("stage_dequant"):
+        extra["stage_dequant"] = True  # a KernelConfig field since c29765b
     cfg = KernelConfig(
         job["block_h"],
         job["block_n"],
         job["num_warps"],
         job["num_stages"],
         num_splits=4 if job["split"] else 1,
+        **extra,
     )
     fwd = _Recorder(kernels.sparse_mla_fwd_kernel)
     merge = _Recorder(kernels.sparse_mla_merge_kernel)
@@ -109,6 +118,33 @@ def _record(job: dict) -> list:
     return fwd.calls + merge.calls
 
 
+_PTR_NAMES = {
+    torch.float16: "fp16",
+    torch.bfloat16: "bf16",
+    torch.float32: "fp32",
+    torch.uint8: "u8",
+    torch.int32: "i32",
+}
+
+
+def _specialize(value):
+    """(type string, specialisation) like Triton's runtime: "D" marks 16-divisible values."""
+    if _native is not None:
+        return _native(BaseBackend, value, False, True, True)
+    if isinstance(value, torch.Tensor):
+        return "*" + _PTR_NAMES[value.dtype], "D" if value.data_ptr() % 16 == 0 else ""
+    if isinstance(value, bool):
+        return "u1", None
+    if isinstance(value, int):
+        if value == 1:
+            return "constexpr", 1
+        kind = "i32" if -(2**31) <= value < 2**31 else "i64"
+        return kind, "D" if value % 16 == 0 else ""
+    if isinstance(value, float):
+        return "fp32", None
+    raise TypeError(f"cannot specialise {type(value).__name__}")
+
+
 def _source(fn, args, kwargs):
     """(ASTSource, options) for one recorded call, specialised as Triton's runtime would."""
     options = {k: kwargs.pop(k) for k in ("num_warps", "num_stages") if k in kwargs}
@@ -119,13 +155,15 @@ def _source(fn, args, kwargs):
         if p.is_constexpr:
             signature[p.name], constexprs[p.name] = "constexpr", value
             continue
-        kind, spec = native_specialize_impl(BaseBackend, value, False, True, True)
+        kind, spec = _specialize(value)
         signature[p.name] = kind
         if kind == "constexpr":  # an int equal to 1
             constexprs[p.name] = spec
         elif isinstance(spec, str) and "D" in spec:
             attrs[(i,)] = [["tt.divisibility", 16]]
-    return triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs), options
+    return triton.compiler.ASTSource(
+        fn=fn, signature=signature, constexprs=constexprs, attrs=attrs
+    ), options
 
 
 def run_job(job: dict) -> dict:

@@ -23,3 +23,12 @@ DTYPES = [torch.float16, torch.float32] + ([torch.bfloat16] if HAS_GPU else [])
 @pytest.fixture
 def device() -> torch.device:
     return DEVICE
+
+
+def size(cpu, gpu):
+    """A problem size: small under the CPU interpreter (~0.3-1 s a call), realistic on a GPU."""
+    return gpu if HAS_GPU else cpu
+
+
+def dtype_id(dtype: torch.dtype) -> str:
+    return {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}[dtype]

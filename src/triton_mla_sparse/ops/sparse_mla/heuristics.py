@@ -64,12 +64,24 @@ class KernelConfig:
     stage_dequant: bool = False
 
 
-def block_h_for(num_heads: int) -> int:
-    """Heads per program: all of a token's heads up to 64 (MMA tiles need M >= 16)."""
-    if num_heads <= 16:
-        return 16
-    if num_heads <= 32:
+def max_block_h(dtype: torch.dtype, kv_format: str, arch: Arch) -> int:
+    """The largest head block whose tiles fit the target's shared memory (tests/test_compile.py,
+    Triton 3.8: e.g. a 64-head bf16 tile needs 115 KB where 99 KB parts offer 99)."""
+    small_smem = arch.backend == "cuda" and arch.smem_bytes < 160 * 1024
+    if dtype == torch.float32:
+        if small_smem:
+            return 16
+        return 64 if arch.smem_bytes >= 224 * 1024 else 32
+    if small_smem and kv_format != "fp8_ds_mla":
         return 32
+    return 64
+
+
+def block_h_for(num_heads: int, limit: int = 64) -> int:
+    """Heads per program: all of a token's heads up to ``limit`` (MMA tiles need M >= 16)."""
+    for block_h in (16, 32, 64):
+        if num_heads <= block_h or block_h >= limit:
+            return block_h
     return 64
 
 
@@ -96,6 +108,9 @@ def tile_config(
         # 99 KB parts (sm86/89/120): a 32-row bf16 tile is 36 KB; two stages fit with room.
         return KernelConfig(block_h, 32, warps, 2)
     if block_h >= 64:
+        if arch.backend == "cuda" and int(arch.cc) >= 100 and kv_format == "auto":
+            # sm100 lays this tile out with ~353 KB at 64 rows; 32 rows need 214 KB (compile test)
+            return KernelConfig(block_h, 32, warps, 2)
         # H200: 64 rows x 3 stages (221 KB) measured best for 64-head MMA tiles
         return KernelConfig(block_h, 64, warps, 3 if arch.smem_bytes >= 224 * 1024 else 2)
     small = programs is not None and programs < arch.num_sms // 16
@@ -122,7 +137,7 @@ def choose_config(
     kv_format: str,
     arch: Arch,
 ) -> KernelConfig:
-    block_h = block_h_for(num_heads)
+    block_h = block_h_for(num_heads, max_block_h(dtype, kv_format, arch))
     num_hb = -(-num_heads // block_h)
     programs = num_tokens * num_hb
     base = tile_config(block_h, dtype, kv_format, arch, programs)

@@ -14,8 +14,12 @@ _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _FORMAT_CODE = {"auto": 0, "fp8": 1, "fp8_ds_mla": 2}
 
 
-def _shape(x: torch.Tensor | None) -> str:
-    return "None" if x is None else f"{tuple(x.shape)} {x.dtype} on {x.device}"
+def _shape(x: object) -> str:
+    if x is None:
+        return "None"
+    if not isinstance(x, torch.Tensor):
+        return f"a {type(x).__name__}, not a tensor"
+    return f"{tuple(x.shape)} {x.dtype} on {x.device}"
 
 
 def _is_pow2(n: int) -> bool:

@@ -1,0 +1,189 @@
+"""Ahead-of-time compilation for every target the project claims, without a GPU.
+
+For each ``heuristics.TARGETS`` architecture, the kernel configurations ``choose_config`` can pick
+(enumerated over a grid of token counts, head counts, widths, dtypes and KV formats, then deduped)
+are compiled with ``triton.compile`` for that target, through the real launcher's argument lists
+(tests/aot_compile.py), and the shared memory each kernel needs must fit the target's opt-in
+maximum (``Arch.smem_bytes``).
+
+Cost: one compile takes 2-50 s on a CI core (fp32 tiles are the slowest), and the full set is
+~90 forward kernels per target (3 head blocks x 7 dtype/format pairs x SPLIT on/off x rope 64/0,
+more where the block size depends on the program count), too slow for CI. Measured with Triton
+3.8 (sm90 and sm120 at block_h 64 over every dtype/format, SPLIT and rope; smaller head blocks on
+five targets): shared memory does not depend on SPLIT (only the epilogue's destination changes), fp16 needs what bf16 needs, rope 64
+needs more than NoPE, and a larger head block needs more. So by default each target compiles, for
+each (dtype, format) the heuristics use, the largest head block they choose with SPLIT on and rope
+64; plus the bf16 native-format tile with SPLIT off through the block-table path and fp16 NoPE
+(6 configurations a target, 42 in all, ~2 min on 2 cores). ``TMS_COMPILE_ALL=1`` compiles the
+full set (about an hour on 2 cores).
+
+The compile runs in subprocesses with TRITON_INTERPRET removed: ``triton.jit`` chooses the
+interpreter when the kernels module is imported, and this test process has it set on CPU.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from triton_mla_sparse.ops.sparse_mla.heuristics import TARGETS, choose_config, split_len_for
+
+HERE = Path(__file__).resolve().parent
+FULL = os.environ.get("TMS_COMPILE_ALL", "0") == "1"
+DT_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+FORMATS_FOR = {
+    "fp16": ("auto", "fp8", "fp8_ds_mla"),
+    "bf16": ("auto", "fp8", "fp8_ds_mla"),
+    "fp32": ("auto",),
+}
+
+
+def arch_name(a) -> str:
+    return f"{a.backend}:{a.cc}"
+
+
+def chosen(arch) -> set[tuple]:
+    """Every (block_h, block_n, num_warps, num_stages, dtype, format, split, stage_dequant)
+    that choose_config picks."""
+    out = set()
+    grid = itertools.product(
+        [1, 2, 3, 4, 8, 16, 32, 64, 128, 256, 1024, 8192],
+        [1, 2, 4, 8, 16, 20, 32, 48, 64, 96, 128],
+        [1, 64, 100, 128, 512, 1152, 2048, 2176],
+        DT_NAMES,
+    )
+    for t, h, w, dt in grid:
+        for fmt in FORMATS_FOR[DT_NAMES[dt]]:
+            c = choose_config(t, h, w, dt, fmt, arch)
+            split = split_len_for(w, c.num_splits, c.block_n)[1] > 1
+            stage = bool(getattr(c, "stage_dequant", False))
+            out.add(
+                (c.block_h, c.block_n, c.num_warps, c.num_stages, DT_NAMES[dt], fmt, split, stage)
+            )
+    return out
+
+
+def _job(arch, cfg, rope, *, has_counts=True, has_bt=False, store_lse=True) -> tuple[str, dict]:
+    bh, bn, nw, ns, dt, fmt, split, stage = cfg
+    job = dict(
+        stage_dequant=stage,
+        arch=arch_name(arch),
+        dtype=dt,
+        fmt=fmt,
+        block_h=bh,
+        block_n=bn,
+        num_warps=nw,
+        num_stages=ns,
+        split=split,
+        rope=rope,
+        has_counts=has_counts,
+        has_bt=has_bt,
+        store_lse=store_lse,
+    )
+    key = f"{job['arch']}-{dt}-{fmt}-h{bh}n{bn}w{nw}s{ns}-{'split' if split else 'single'}-r{rope}"
+    if stage:
+        key += "-staged"
+    if has_bt:
+        key += "-blocktable"
+    return key, job
+
+
+def make_jobs() -> dict[str, dict]:
+    """Full mode: every chosen configuration x rope 64/0, serving flags (physical indices and
+    valid counts, as vLLM calls it; LSE stored). Default mode, per target: for each (dtype,
+    format) the largest head block the heuristics choose, SPLIT on, rope 64; plus the bf16
+    native-format tile with SPLIT off through the block-table path (no counts, no LSE) and
+    fp16 NoPE (rope 0)."""
+    jobs = {}
+    for arch in TARGETS:
+        cfgs = sorted(chosen(arch))
+        if FULL:
+            for cfg in cfgs:
+                for rope in (64, 0):
+                    k, j = _job(arch, cfg, rope)
+                    jobs[k] = j
+            continue
+        for dt, fmt in sorted({(c[4], c[5]) for c in cfgs}):
+            if dt == "fp16":
+                continue  # the same tiles as bf16 (identical shared memory, measured)
+            biggest = max(c for c in cfgs if c[4:6] == (dt, fmt) and c[6])
+            k, j = _job(arch, biggest, 64)
+            jobs[k] = j
+        big = max(c for c in cfgs if c[4:6] == ("bf16", "auto") and not c[6])
+        k, j = _job(arch, big, 64, has_counts=False, has_bt=True, store_lse=False)
+        jobs[k] = j
+        big = max(c for c in cfgs if c[4:6] == ("fp16", "auto") and c[6])
+        k, j = _job(arch, big, 0)
+        jobs[k] = j
+    return jobs
+
+
+JOBS = make_jobs()
+SMEM = {arch_name(a): a.smem_bytes for a in TARGETS}
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory) -> dict:
+    """Compile every job, split over the CPU cores, in fresh processes without TRITON_INTERPRET."""
+    tmp = tmp_path_factory.mktemp("aot")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    src = str(HERE.parent / "src")
+    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    workers = max(1, min(cores or 1, 8))
+    keys = sorted(JOBS)
+    procs = []
+    for i in range(workers):
+        part = {k: JOBS[k] for k in keys[i::workers]}
+        if not part:
+            continue
+        jobs_path, res_path = tmp / f"jobs{i}.json", tmp / f"res{i}.json"
+        jobs_path.write_text(json.dumps(part))
+        cmd = [sys.executable, str(HERE / "aot_compile.py"), str(jobs_path), str(res_path)]
+        log = open(tmp / f"log{i}.txt", "w")  # noqa: SIM115 (closed below)
+        procs.append(
+            (subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), res_path, log)
+        )
+    results = {}
+    for p, res_path, log in procs:
+        rc = p.wait(timeout=3600)
+        log.close()
+        assert rc == 0, Path(log.name).read_text()[-4000:]
+        results.update(json.loads(res_path.read_text()))
+    (Path(tempfile.gettempdir()) / "tms_compile_results.json").write_text(
+        json.dumps(results, indent=1)
+    )
+    return results
+
+
+@pytest.mark.parametrize("key", sorted(JOBS))
+def test_compiles_and_fits_shared_memory(compiled, key):
+    res = compiled[key]
+    if "record" in res:
+        pytest.fail(f"launcher/kernel signature mismatch: {res['record']}")
+    kernels = ["sparse_mla_fwd_kernel"] + (
+        ["sparse_mla_merge_kernel"] if JOBS[key]["split"] else []
+    )
+    limit = SMEM[JOBS[key]["arch"]]
+    for name in kernels:
+        r = res[name]
+        if "error" in r:
+            pytest.fail(f"{name} failed to compile for {JOBS[key]['arch']}: {r['error']}")
+        assert r["shared"] <= limit, f"{name} needs {r['shared']} B shared memory > {limit} B"
+
+
+def test_job_set_covers_every_target_and_format():
+    """The default set still covers each target with every format and both SPLIT values."""
+    for a in TARGETS:
+        mine = [j for j in JOBS.values() if j["arch"] == arch_name(a)]
+        assert {j["fmt"] for j in mine} == {"auto", "fp8", "fp8_ds_mla"}
+        assert {j["split"] for j in mine} == {True, False}
+        assert {j["dtype"] for j in mine} == {"fp16", "bf16", "fp32"}

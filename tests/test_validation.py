@@ -1,0 +1,258 @@
+"""Bad inputs are rejected with ValueError/TypeError naming the argument, before any launch;
+importing the package initialises no GPU and loads no kernel."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from conftest import DEVICE, HAS_GPU
+
+import triton_mla_sparse.ops.sparse_mla.launch as launch_mod
+from triton_mla_sparse import sparse_mla
+
+T, H, L, R, N, W = 3, 4, 512, 64, 64, 16
+
+
+@pytest.fixture(autouse=True)
+def no_launch(monkeypatch):
+    """Any launch during these tests is a failure: validation must come first."""
+
+    def boom(*args, **kwargs):
+        raise AssertionError("sparse_mla launched a kernel on invalid input")
+
+    monkeypatch.setattr(launch_mod, "launch_sparse_mla", boom)
+
+
+def good(**over):
+    """A valid fp16 call's arguments, with overrides."""
+    dt = torch.float16
+    kw = dict(
+        q=torch.randn(T, H, L + R, dtype=dt, device=DEVICE),
+        kv_cache=torch.randn(N, L + R, dtype=dt, device=DEVICE),
+        indices=torch.zeros(T, W, dtype=torch.int32, device=DEVICE),
+    )
+    kw.update(over)
+    return kw
+
+
+def i32(*shape):
+    return torch.zeros(*shape, dtype=torch.int32, device=DEVICE)
+
+
+def u8(*shape):
+    return torch.zeros(*shape, dtype=torch.uint8, device=DEVICE)
+
+
+def f16(*shape):
+    return torch.randn(*shape, device=DEVICE).half()
+
+
+CASES = {
+    # name: (overrides, exception, words that must appear in the message)
+    "q-rank": (dict(q=f16(T, L + R)), ValueError, ["q"]),
+    "q-int": (dict(q=torch.zeros(T, H, L + R, dtype=torch.int32, device=DEVICE)), TypeError, ["q"]),
+    "q-float64": (
+        dict(q=torch.zeros(T, H, L + R, dtype=torch.float64, device=DEVICE)),
+        TypeError,
+        ["q"],
+    ),
+    "q-narrow": (dict(q=f16(T, H, 256)), ValueError, ["q", "kv_lora_rank"]),
+    "q-list": (dict(q=[1, 2]), TypeError, ["q"]),
+    "q-tuple-3": (dict(q=(f16(T, H, L), f16(T, H, R), f16(T, H, R))), TypeError, ["q"]),
+    "q-tuple-heads": (dict(q=(f16(T, H, L), f16(T, H + 1, R))), ValueError, ["q_rope"]),
+    "q-tuple-dtype": (dict(q=(f16(T, H, L), f16(T, H, R).float())), TypeError, ["q_rope"]),
+    "q-tuple-latent": (dict(q=(f16(T, H, 256), f16(T, H, R))), ValueError, ["q_latent"]),
+    "rope-width": (dict(q=f16(T, H, L + 48), kv_cache=f16(N, L + 48)), ValueError, ["rope"]),
+    "kv-not-tensor": (dict(kv_cache=[[0.0] * (L + R)] * N), (TypeError, ValueError), ["kv_cache"]),
+    "kv-rows-2^31": (dict(kv_cache=f16(1, L + R).expand(2**31, L + R)), ValueError, ["kv_cache"]),
+    "kv-rank": (dict(kv_cache=f16(2, 2, N, L + R)), ValueError, ["kv_cache"]),
+    "kv-1d": (dict(kv_cache=f16(L + R)), ValueError, ["kv_cache"]),
+    "kv-dtype-auto": (dict(kv_cache=f16(N, L + R).float()), TypeError, ["kv_cache", "auto"]),
+    "kv-u8-auto": (dict(kv_cache=u8(N, L + R)), TypeError, ["kv_cache"]),
+    "kv-width-auto": (dict(kv_cache=f16(N, L + R + 1)), ValueError, ["kv_cache", "576"]),
+    "kv-width-nope": (
+        dict(q=f16(T, H, L), kv_cache=f16(N, L + R)),
+        ValueError,
+        ["kv_cache", "512"],
+    ),
+    "kv-width-fp8": (dict(kv_cache=u8(N, 656), kv_format="fp8"), ValueError, ["kv_cache", "576"]),
+    "kv-width-dsmla": (
+        dict(kv_cache=u8(N, L + R), kv_format="fp8_ds_mla"),
+        ValueError,
+        ["kv_cache", "656"],
+    ),
+    "kv-paged-width-dsmla": (
+        dict(kv_cache=u8(2, 64, 576), kv_format="fp8_ds_mla"),
+        ValueError,
+        ["kv_cache", "656"],
+    ),
+    "kv-dtype-fp8": (dict(kv_format="fp8"), TypeError, ["kv_format", "uint8"]),
+    "kv-dtype-dsmla": (dict(kv_cache=f16(N, 328), kv_format="fp8_ds_mla"), TypeError, ["uint8"]),
+    "kv-fp8-colstride": (
+        dict(kv_cache=u8(L + R, N).t(), kv_format="fp8"),
+        ValueError,
+        ["unit stride"],
+    ),
+    "dsmla-wrong-rank": (
+        dict(q=f16(T, H, 256 + 64), kv_cache=u8(N, 656), kv_format="fp8_ds_mla", kv_lora_rank=256),
+        ValueError,
+        ["fp8_ds_mla", "512"],
+    ),
+    "kv-format-unknown": (dict(kv_format="fp8_e5m2"), ValueError, ["kv_format", "fp8_e5m2"]),
+    "kv-lora-rank": (dict(kv_lora_rank=500), ValueError, ["kv_lora_rank"]),
+    "indices-int64": (
+        dict(indices=torch.zeros(T, W, dtype=torch.int64, device=DEVICE)),
+        TypeError,
+        ["indices", "int32"],
+    ),
+    "indices-float": (dict(indices=f16(T, W)), TypeError, ["indices"]),
+    "indices-list": (dict(indices=[[0] * W] * T), TypeError, ["indices"]),
+    "indices-rank": (dict(indices=i32(T * W)), ValueError, ["indices"]),
+    "indices-T": (dict(indices=i32(T + 1, W)), ValueError, ["indices", f"T={T}"]),
+    "indices-W0": (dict(indices=i32(T, 0)), ValueError, ["indices"]),
+    "counts-int64": (
+        dict(valid_counts=torch.zeros(T, dtype=torch.int64, device=DEVICE)),
+        TypeError,
+        ["valid_counts", "int32"],
+    ),
+    "counts-T": (dict(valid_counts=i32(T + 2)), ValueError, ["valid_counts"]),
+    "counts-rank": (dict(valid_counts=i32(T, 1)), ValueError, ["valid_counts"]),
+    "bt-without-req": (dict(block_table=i32(2, 4), block_size=64), ValueError, ["req_ids"]),
+    "bt-without-size": (dict(block_table=i32(2, 4), req_ids=i32(T)), ValueError, ["block_size"]),
+    "req-without-bt": (dict(req_ids=i32(T), block_size=64), ValueError, ["block_table"]),
+    "bt-int64": (
+        dict(
+            block_table=torch.zeros(2, 4, dtype=torch.int64, device=DEVICE),
+            req_ids=i32(T),
+            block_size=64,
+        ),
+        TypeError,
+        ["block_table"],
+    ),
+    "bt-rank": (
+        dict(block_table=i32(8), req_ids=i32(T), block_size=64),
+        ValueError,
+        ["block_table"],
+    ),
+    "req-T": (
+        dict(block_table=i32(2, 4), req_ids=i32(T + 1), block_size=64),
+        ValueError,
+        ["req_ids"],
+    ),
+    "req-int64": (
+        dict(
+            block_table=i32(2, 4),
+            req_ids=torch.zeros(T, dtype=torch.int64, device=DEVICE),
+            block_size=64,
+        ),
+        TypeError,
+        ["req_ids"],
+    ),
+    "block-size-0": (
+        dict(block_table=i32(2, 4), req_ids=i32(T), block_size=0),
+        ValueError,
+        ["block_size"],
+    ),
+    "block-size-float": (
+        dict(block_table=i32(2, 4), req_ids=i32(T), block_size=64.0),
+        ValueError,
+        ["block_size"],
+    ),
+    "out-shape": (dict(out=f16(T, H, L + R)), ValueError, ["out"]),
+    "out-heads": (dict(out=f16(T, H + 1, L)), ValueError, ["out"]),
+    "out-dtype": (dict(out=f16(T, H, L).float()), ValueError, ["out"]),
+    "out-not-tensor": (dict(out=[0.0]), ValueError, ["out"]),
+    "k-scale-auto": (dict(k_scale=0.5), ValueError, ["k_scale"]),
+    "k-scale-dsmla": (
+        dict(kv_cache=u8(N, 656), kv_format="fp8_ds_mla", k_scale=0.5),
+        ValueError,
+        ["k_scale"],
+    ),
+    "k-scale-2-elems": (
+        dict(kv_cache=u8(N, L + R), kv_format="fp8", k_scale=torch.ones(2, device=DEVICE)),
+        ValueError,
+        ["k_scale"],
+    ),
+    "k-scale-fp16": (
+        dict(
+            kv_cache=u8(N, L + R),
+            kv_format="fp8",
+            k_scale=torch.ones(1, dtype=torch.float16, device=DEVICE),
+        ),
+        ValueError,
+        ["k_scale"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_rejected_before_launch(case):
+    over, exc, words = CASES[case]
+    with pytest.raises(exc) as info:
+        sparse_mla(**good(**over))
+    msg = str(info.value)
+    for w in words:
+        assert w in msg, f"{w!r} not in {msg!r}"
+
+
+def test_valid_call_reaches_launch():
+    """The fixture really intercepts launches (so the cases above are not vacuous)."""
+    with pytest.raises(AssertionError, match="launched a kernel"):
+        sparse_mla(**good())
+
+
+@pytest.mark.skipif(not HAS_GPU, reason="needs a GPU to put tensors on two devices")
+@pytest.mark.parametrize("arg", ["kv_cache", "indices", "valid_counts", "out", "k_scale"])
+def test_devices_differ(arg):
+    kw = good()
+    cpu = {
+        "kv_cache": kw["kv_cache"].cpu(),
+        "indices": kw["indices"].cpu(),
+        "valid_counts": torch.zeros(T, dtype=torch.int32),
+        "out": torch.empty(T, H, L, dtype=torch.float16),
+        "k_scale": torch.ones(1),
+    }
+    if arg == "k_scale":
+        kw.update(kv_cache=u8(N, L + R), kv_format="fp8")
+    kw[arg] = cpu[arg]
+    with pytest.raises((ValueError, TypeError)) as info:
+        sparse_mla(**kw)
+    assert arg in str(info.value)
+
+
+def test_cpu_tensors_need_interpreter(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    kw = good(
+        q=torch.randn(T, H, L + R).half(),
+        kv_cache=torch.randn(N, L + R).half(),
+        indices=torch.zeros(T, W, dtype=torch.int32),
+    )
+    with pytest.raises(ValueError, match="TRITON_INTERPRET"):
+        sparse_mla(**kw)
+
+
+def test_import_touches_no_gpu_and_no_kernels():
+    code = textwrap.dedent(
+        """
+        import sys, torch
+        import triton_mla_sparse
+        from triton_mla_sparse import sparse_mla, KernelConfig, pack_fp8_ds_mla
+        assert not torch.cuda.is_initialized(), "import initialised CUDA"
+        for m in ("triton_mla_sparse.ops.sparse_mla.kernels", "triton_mla_sparse.ops.sparse_mla.launch"):
+            assert m not in sys.modules, m + " imported at package import"
+        print("ok")
+        """
+    )
+    env = dict(os.environ)
+    env.pop("TRITON_INTERPRET", None)
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+    res = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr[-2000:]
