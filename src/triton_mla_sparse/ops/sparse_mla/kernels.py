@@ -385,93 +385,21 @@ def sparse_mla_fwd_kernel(
         b_nonempty, (b_m + tl.log2(tl.where(b_nonempty, b_l, 1.0))) / LOG2E, float("-inf")
     )
     i_ts64 = i_ts.to(tl.int64)
-    if KV_FORMAT == 2:
-        _store_out(
-            b_a0 * b_inv[:, None],
-            0,
-            C,
-            Out,
-            OPart,
-            i_t,
-            i_ts64,
-            o_h,
-            m_h,
-            H,
-            stride_ot,
-            stride_oh,
-            stride_od,
-            L,
-            SPLIT,
-        )
-        _store_out(
-            b_a1 * b_inv[:, None],
-            C,
-            C,
-            Out,
-            OPart,
-            i_t,
-            i_ts64,
-            o_h,
-            m_h,
-            H,
-            stride_ot,
-            stride_oh,
-            stride_od,
-            L,
-            SPLIT,
-        )
-        _store_out(
-            b_a2 * b_inv[:, None],
-            2 * C,
-            C,
-            Out,
-            OPart,
-            i_t,
-            i_ts64,
-            o_h,
-            m_h,
-            H,
-            stride_ot,
-            stride_oh,
-            stride_od,
-            L,
-            SPLIT,
-        )
-        _store_out(
-            b_a3 * b_inv[:, None],
-            3 * C,
-            C,
-            Out,
-            OPart,
-            i_t,
-            i_ts64,
-            o_h,
-            m_h,
-            H,
-            stride_ot,
-            stride_oh,
-            stride_od,
-            L,
-            SPLIT,
-        )
+    # [BLOCK_H] row pointers and the column stride of the destination: the fp32 split workspace
+    # [T, S, H, L], or the final output in its dtype
+    if SPLIT:
+        p_o = OPart + (i_ts64 * H + o_h) * L
+        s_o = 1
     else:
-        _store_out(
-            b_acc * b_inv[:, None],
-            0,
-            L,
-            Out,
-            OPart,
-            i_t,
-            i_ts64,
-            o_h,
-            m_h,
-            H,
-            stride_ot,
-            stride_oh,
-            stride_od,
-            L,
-            SPLIT,
-        )
+        p_o = Out + i_t * stride_ot + o_h * stride_oh
+        s_o = stride_od
+    if KV_FORMAT == 2:
+        _store_cols(p_o, s_o, b_a0 * b_inv[:, None], 0, C, m_h)
+        _store_cols(p_o, s_o, b_a1 * b_inv[:, None], C, C, m_h)
+        _store_cols(p_o, s_o, b_a2 * b_inv[:, None], 2 * C, C, m_h)
+        _store_cols(p_o, s_o, b_a3 * b_inv[:, None], 3 * C, C, m_h)
+    else:
+        _store_cols(p_o, s_o, b_acc * b_inv[:, None], 0, L, m_h)
     if SPLIT:
         tl.store(LsePart + i_ts64 * H + o_h, b_lse, mask=m_h)
     elif STORE_LSE:
@@ -479,32 +407,10 @@ def sparse_mla_fwd_kernel(
 
 
 @triton.jit
-def _store_out(
-    b_out,
-    col0,
-    COLS: tl.constexpr,
-    Out,
-    OPart,
-    i_t,
-    i_ts64,
-    o_h,
-    m_h,
-    H,
-    stride_ot,
-    stride_oh,
-    stride_od,
-    L: tl.constexpr,
-    SPLIT: tl.constexpr,
-):
-    # columns [col0, col0 + COLS) of a normalised [BLOCK_H, COLS] output block: fp32 into the
-    # split workspace, or the final output in its dtype
+def _store_cols(p_o, s_o, b_out, col0, COLS: tl.constexpr, m_h):
+    # columns [col0, col0 + COLS) of a normalised [BLOCK_H, COLS] output block
     o_c = col0 + tl.arange(0, COLS)
-    if SPLIT:
-        p_op = OPart + (i_ts64 * H + o_h[:, None]) * L + o_c[None, :]
-        tl.store(p_op, b_out, mask=m_h[:, None])
-    else:
-        p_o = Out + i_t * stride_ot + o_h[:, None] * stride_oh + o_c[None, :] * stride_od
-        tl.store(p_o, b_out.to(Out.dtype.element_ty), mask=m_h[:, None])
+    tl.store(p_o[:, None] + o_c[None, :] * s_o, b_out.to(p_o.dtype.element_ty), mask=m_h[:, None])
 
 
 @triton.jit
