@@ -11,16 +11,13 @@ scale and the output), 2 = fp8_ds_mla (656-byte rows: 512 e4m3, 4 fp32 scales, 6
 import triton
 import triton.language as tl
 
-FMT_NATIVE = 0
-FMT_FP8 = 1
-FMT_DS_MLA = 2
-
 
 @triton.jit
 def _e4m3_to(b_u8, dtype: tl.constexpr, FP8_NATIVE: tl.constexpr):
     # e4m3 byte -> `dtype`. Without hardware fp8 (sm80/86, AMD) rebuild the fp16 bit pattern:
-    # exponent/mantissa shift into place (bias 7 -> 15 is a factor 2^8, applied by the caller
-    # through its scale, see E4M3_REBIAS), sign moves to bit 15. Exact for every finite e4m3.
+    # exponent/mantissa shift into place and the sign moves to bit 15; the bias changes from 7 to
+    # 15, a factor 2^-8 that callers put back through their scale (k_scale or the ds_mla scales).
+    # Exact for every finite e4m3.
     if FP8_NATIVE:
         return b_u8.to(tl.float8e4nv, bitcast=True).to(dtype)
     else:
