@@ -91,7 +91,9 @@ def sparse_mla_reference(
         o = torch.einsum("chw,cwd->chd", p, k[..., :kv_lora_rank])
         res[sl] = torch.where(den > 0, o / den.clamp_min(1e-300), torch.zeros_like(o))
         lse[sl] = torch.where(
-            den[..., 0] > 0, m[..., 0] + torch.log(den[..., 0]), torch.full_like(m[..., 0], -1e400)
+            den[..., 0] > 0,
+            m[..., 0] + torch.log(den[..., 0]),
+            torch.full_like(m[..., 0], float("-inf")),
         )
     result = res.to(q_full.dtype)
     if out is not None:

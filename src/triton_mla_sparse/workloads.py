@@ -83,21 +83,6 @@ def make_inputs(case: Case, device: torch.device, seed: int = 0) -> Inputs:
     return Inputs(q, kv, idx, kwargs, scale=width**-0.5)
 
 
-def decode_cases(kv_format: str = "auto") -> list[Case]:
-    cases = []
-    for heads in (8, 16, 64, 128):
-        for tokens in (1, 4, 16, 64, 128):
-            cases.append(Case(f"decode T={tokens} H={heads}", tokens, heads, kv_format=kv_format))
-    return cases
-
-
-def prefill_cases(kv_format: str = "auto") -> list[Case]:
-    return [
-        Case(f"prefill T=4096 H={h}", 4096, h, rows=65536, kv_format=kv_format)
-        for h in (16, 64, 128)
-    ]
-
-
 def verify_cases(on_gpu: bool) -> list[Case]:
     """The embedded default workload of ``triton-mla-sparse verify``."""
     if on_gpu:
