@@ -25,43 +25,66 @@ def grid(block_h, block_n, warps, stages, splits, **extra):
     return [KernelConfig(*c, **extra) for c in combos]
 
 
-DS_CASES = [
-    Case("decode T=128 H=16", 128, 16, kv_format="fp8_ds_mla"),
-    Case("decode T=64 H=8", 64, 8, kv_format="fp8_ds_mla"),
-    Case("decode T=1 H=16", 1, 16, kv_format="fp8_ds_mla"),
-    Case("decode T=128 H=128", 128, 128, kv_format="fp8_ds_mla"),
-]
+def ds(*args, **kw):
+    return grid(*args, stage_dequant=True, **kw)
 
 
-def ds_grid(c, stage):
-    if c.heads > 16:
-        return grid([64], [32, 64], [8], [1, 2], [1], stage_dequant=stage)
-    if c.tokens == 1:
-        return grid([16], [32, 64], [4], [1], [32, 64], stage_dequant=stage)
-    return grid([16], [32, 64], [4, 8], [1, 2], [2, 4], stage_dequant=stage)
+def ia(*args, **kw):
+    return grid(*args, idx_ahead=True, **kw)
 
 
-# name -> (cases, configs for a case)
+# name -> (cases, configs for a case). With idx_ahead, num_stages = gather buffers + 1.
 SWEEPS = {
-    "ds-staged": (DS_CASES, lambda c: ds_grid(c, True)),
-    "ds-hoisted": (DS_CASES, lambda c: ds_grid(c, False)),
-    "fp8": (
-        [
-            Case("decode T=128 H=16", 128, 16, kv_format="fp8"),
-            Case("decode T=1 H=16", 1, 16, kv_format="fp8"),
-        ],
-        lambda c: grid([16], [32, 64, 128], [4], [2], [2] if c.tokens > 1 else [32, 64]),
-    ),
-    "bf16": (
+    "mem": (
         [
             Case("decode T=128 H=16", 128, 16),
-            Case("decode T=128 H=128", 128, 128),
-            Case("prefill T=4096 H=64", 4096, 64, rows=65536),
+            Case("decode T=64 H=8", 64, 8),
+            Case("decode T=16 H=16", 16, 16),
+            Case("decode T=256 H=16", 256, 16),
+            Case("prefill T=512 H=16", 512, 16),
+            Case("decode T=128 H=16", 128, 16, kv_format="fp8"),
         ],
         lambda c: (
-            grid([16], [64], [4, 8], [2], [2])
+            grid([16], [64], [4], [2], [max(1, 256 // c.tokens)])
+            + ia([16], [32], [4], [3], sorted({max(1, 256 // c.tokens), max(1, 512 // c.tokens)}))
+            + ia([16], [64], [8], [3], [max(1, 128 // c.tokens)])
+        ),
+    ),
+    "mma": (
+        [
+            Case("decode T=128 H=128", 128, 128),
+            Case("decode T=128 H=64", 128, 64),
+            Case("prefill T=4096 H=64", 4096, 64, rows=65536),
+        ],
+        lambda c: grid([64], [32], [8], [3, 4], [1]) + grid([64], [64], [4], [3], [1]),
+    ),
+    "small": (
+        [
+            Case("decode T=1 H=16", 1, 16),
+            Case("decode T=4 H=16", 4, 16),
+            Case("decode T=1 H=128", 1, 128),
+            Case("decode T=16 H=64", 16, 64),
+            Case("decode T=16 H=128", 16, 128),
+        ],
+        lambda c: (
+            grid([16], [32], [4], [2], [32, 64]) + grid([16], [32], [4], [2], [64], pdl=False)
             if c.heads <= 16
-            else grid([64], [64], [8], [2, 3], [1])
+            else grid([64], [64], [8], [3], [4, 8, 16] if c.tokens > 1 else [16, 32])
+            + grid([64], [32], [8], [3], [8, 16] if c.tokens > 1 else [32, 64])
+        ),
+    ),
+    "ds": (
+        [
+            Case("decode T=128 H=16", 128, 16, kv_format="fp8_ds_mla"),
+            Case("decode T=16 H=16", 16, 16, kv_format="fp8_ds_mla"),
+            Case("decode T=128 H=64", 128, 64, kv_format="fp8_ds_mla"),
+        ],
+        lambda c: (
+            ds([16], [16], [4], [2], [2 * max(1, 128 // c.tokens)])
+            + ds([16], [16], [4], [3], [2 * max(1, 128 // c.tokens)], idx_ahead=True)
+            + ds([16], [32], [8], [2], [2 * max(1, 128 // c.tokens)])
+            if c.heads <= 16
+            else ds([64], [16], [8], [2, 3], [1]) + ds([64], [32], [4], [2], [1])
         ),
     ),
 }

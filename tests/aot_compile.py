@@ -83,8 +83,9 @@ def _record(job: dict) -> list:
     out = torch.zeros(T, H, L, dtype=dtype)
     lse = torch.zeros(T, H, dtype=torch.float32) if job["store_lse"] else None
     extra = {}
-    if job.get("stage_dequant"):
-        extra["stage_dequant"] = True  # a KernelConfig field since c29765b
+    for flag in ("stage_dequant", "idx_ahead"):
+        if job.get(flag):
+            extra[flag] = True
     cfg = KernelConfig(
         job["block_h"],
         job["block_n"],
@@ -112,6 +113,8 @@ def _record(job: dict) -> list:
         0.04,
         FORMAT_CODE[fmt],
         job["arch"].startswith("cuda") and int(job["arch"].split(":")[1]) >= 89,
+        # programmatic dependent launch where the heuristics use it (sm90+)
+        job["arch"].startswith("cuda") and int(job["arch"].split(":")[1]) >= 90,
         cfg,
     )
     assert len(fwd.calls) == 1 and len(merge.calls) == (1 if job["split"] else 0)
@@ -147,7 +150,7 @@ def _specialize(value):
 
 def _source(fn, args, kwargs):
     """(ASTSource, options) for one recorded call, specialised as Triton's runtime would."""
-    options = {k: kwargs.pop(k) for k in ("num_warps", "num_stages") if k in kwargs}
+    options = {k: kwargs.pop(k) for k in ("num_warps", "num_stages", "launch_pdl") if k in kwargs}
     bound = inspect.signature(fn.fn).bind(*args, **kwargs)
     signature, constexprs, attrs = {}, {}, {}
     for i, p in enumerate(fn.params):

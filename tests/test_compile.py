@@ -51,8 +51,8 @@ def arch_name(a) -> str:
 
 
 def chosen(arch) -> set[tuple]:
-    """Every (block_h, block_n, num_warps, num_stages, dtype, format, split, stage_dequant)
-    that choose_config picks."""
+    """Every (block_h, block_n, num_warps, num_stages, dtype, format, split, stage_dequant,
+    idx_ahead) that choose_config picks."""
     out = set()
     grid = itertools.product(
         [1, 2, 3, 4, 8, 16, 32, 64, 128, 256, 1024, 8192],
@@ -64,17 +64,27 @@ def chosen(arch) -> set[tuple]:
         for fmt in FORMATS_FOR[DT_NAMES[dt]]:
             c = choose_config(t, h, w, dt, fmt, arch)
             split = split_len_for(w, c.num_splits, c.block_n)[1] > 1
-            stage = bool(getattr(c, "stage_dequant", False))
             out.add(
-                (c.block_h, c.block_n, c.num_warps, c.num_stages, DT_NAMES[dt], fmt, split, stage)
+                (
+                    c.block_h,
+                    c.block_n,
+                    c.num_warps,
+                    c.num_stages,
+                    DT_NAMES[dt],
+                    fmt,
+                    split,
+                    c.stage_dequant,
+                    c.idx_ahead,
+                )
             )
     return out
 
 
 def _job(arch, cfg, rope, *, has_counts=True, has_bt=False, store_lse=True) -> tuple[str, dict]:
-    bh, bn, nw, ns, dt, fmt, split, stage = cfg
+    bh, bn, nw, ns, dt, fmt, split, stage, ahead = cfg
     job = dict(
         stage_dequant=stage,
+        idx_ahead=ahead,
         arch=arch_name(arch),
         dtype=dt,
         fmt=fmt,
@@ -91,6 +101,8 @@ def _job(arch, cfg, rope, *, has_counts=True, has_bt=False, store_lse=True) -> t
     key = f"{job['arch']}-{dt}-{fmt}-h{bh}n{bn}w{nw}s{ns}-{'split' if split else 'single'}-r{rope}"
     if stage:
         key += "-staged"
+    if ahead:
+        key += "-ahead"
     if has_bt:
         key += "-blocktable"
     return key, job
@@ -101,7 +113,7 @@ def make_jobs() -> dict[str, dict]:
     valid counts, as vLLM calls it; LSE stored). Default mode, per target: for each (dtype,
     format) the largest head block the heuristics choose, SPLIT on, rope 64; plus the bf16
     native-format tile with SPLIT off through the block-table path (no counts, no LSE) and
-    fp16 NoPE (rope 0)."""
+    fp16 NoPE (rope 0); plus the largest tile that loads indices a step ahead, where chosen."""
     jobs = {}
     for arch in TARGETS:
         cfgs = sorted(chosen(arch))
@@ -123,6 +135,10 @@ def make_jobs() -> dict[str, dict]:
         big = max(c for c in cfgs if c[4:6] == ("fp16", "auto") and c[6])
         k, j = _job(arch, big, 0)
         jobs[k] = j
+        ahead = [c for c in cfgs if c[8]]
+        if ahead:
+            k, j = _job(arch, max(ahead), 64)
+            jobs[k] = j
     return jobs
 
 

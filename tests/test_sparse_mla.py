@@ -45,6 +45,8 @@ FORMATS = [
 FP8_FORMATS = FORMATS[1:]
 DTYPE_PARAMS = [pytest.param(dt, id=dtype_id(dt)) for dt in DTYPES]
 SPLITS = [pytest.param(1, id="single"), pytest.param(4, id="split4")]
+# the two gather loops: each step's indices loaded in the step, or one step ahead
+LOOPS = [pytest.param(False, id="idx-inline"), pytest.param(True, id="idx-ahead")]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -118,12 +120,15 @@ def interleaved_paged(cache: torch.Tensor, page: int, layers: int = 3, layer: in
     return view, big
 
 
-def config_for(t, h, w, dtype, fmt, native, splits=None) -> KernelConfig:
-    """The heuristic's configuration, with fp8_native and (optionally) the split count forced."""
+def config_for(t, h, w, dtype, fmt, native, splits=None, ahead=None) -> KernelConfig:
+    """The heuristic's configuration, with fp8_native and (optionally) the split count and the
+    gather loop (indices a step ahead, with two gather buffers) forced."""
     cfg = choose_config(t, h, w, dtype, fmt, arch_of(DEVICE))
     cfg = dataclasses.replace(cfg, fp8_native=native)
     if splits is not None:
         cfg = dataclasses.replace(cfg, num_splits=splits)
+    if ahead is not None:
+        cfg = dataclasses.replace(cfg, idx_ahead=ahead, num_stages=3 if ahead else cfg.num_stages)
     return cfg
 
 
@@ -264,13 +269,14 @@ def holes_indices(w: int, n: int, front: int, g: torch.Generator) -> torch.Tenso
 @pytest.mark.parametrize("dtype", DTYPE_PARAMS)
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("splits", SPLITS)
-def test_holes_and_out_of_range(dtype, fmt, splits):
+@pytest.mark.parametrize("ahead", LOOPS)
+def test_holes_and_out_of_range(dtype, fmt, splits, ahead):
     """-1 runs at the front longer than one gather step and than one whole split, in the middle,
     at the end; indices >= N and < -1; a token with no valid index (zeros, LSE -inf)."""
     fmt, native = fmt
     g = gen(11 + splits)
     h, n, w = 3, size(500, 8192), size(200, 2048)
-    cfg = config_for(6, h, w, dtype, fmt, native, splits)
+    cfg = config_for(6, h, w, dtype, fmt, native, splits, ahead)
     split_len, num_splits = split_len_for(w, cfg.num_splits, cfg.block_n)
     front = int(w * 0.55)
     assert front > 64 and front > cfg.block_n and (num_splits == 1 or front > split_len)
@@ -285,7 +291,8 @@ def test_holes_and_out_of_range(dtype, fmt, splits):
 @pytest.mark.parametrize("dtype", DTYPE_PARAMS)
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("splits", SPLITS)
-def test_valid_counts(dtype, fmt, splits):
+@pytest.mark.parametrize("ahead", LOOPS)
+def test_valid_counts(dtype, fmt, splits, ahead):
     """Only indices[t, :valid_counts[t]] count. Past the count: -1, huge and negative values and
     in-range rows that are NaN. Counts of 0, negative, exactly W, past W and huge."""
     fmt, native = fmt
@@ -303,7 +310,7 @@ def test_valid_counts(dtype, fmt, splits):
         # the other half of the tail keeps in-range rows; unused by anyone, they become NaN
     idx[4, 10] = -1  # a hole inside the counted part
     idx, counts = idx.to(DEVICE), counts.to(DEVICE)
-    cfg = config_for(t, h, w, dtype, fmt, native, splits)
+    cfg = config_for(t, h, w, dtype, fmt, native, splits, ahead)
     out, lse, _, _ = run_case(q, cache, idx, dtype, fkw, cfg, valid_counts=counts)
     assert torch.isneginf(lse[:2]).all() and (out[:2] == 0).all()
 
@@ -311,7 +318,8 @@ def test_valid_counts(dtype, fmt, splits):
 @pytest.mark.parametrize("dtype", DTYPE_PARAMS)
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("splits", SPLITS)
-def test_block_table(dtype, fmt, splits):
+@pytest.mark.parametrize("ahead", LOOPS)
+def test_block_table(dtype, fmt, splits, ahead):
     """Request-local positions through block_table/req_ids/block_size, on a paged cache whose
     block stride exceeds page * C (other layers in between, NaN). Positions past the table,
     -1 table entries, table entries past the cache, several requests, valid_counts on top."""
@@ -342,7 +350,7 @@ def test_block_table(dtype, fmt, splits):
         valid_counts=counts.to(DEVICE),
     )
     idx = idx.to(DEVICE)
-    cfg = config_for(t, h, w, dtype, fmt, native, splits)
+    cfg = config_for(t, h, w, dtype, fmt, native, splits, ahead)
     ref_cache = paged.clone()  # contiguous copy, no poison: what the reference sees
     q = randn(t, h, D, g=g, dtype=dtype)
     run_case(q, paged, idx, dtype, fkw, cfg, ref_cache=ref_cache, **bt_kw)

@@ -37,10 +37,22 @@ def measure_ceilings(device: torch.device) -> Ceilings:
     return Ceilings(2 * n / t_copy / 1e3, 2 * m**3 / t_mm / 1e6)
 
 
-def time_events(fn, reps: int = 20, warmup: int = 3) -> float:
-    """Median µs of ``fn`` with device events around each call."""
-    for _ in range(warmup):
+def time_events(fn, reps: int = 20, warmup: int = 3, warmup_ms: float = 200.0) -> float:
+    """Median µs of ``fn`` with device events around each call, after at least ``warmup`` calls
+    and ``warmup_ms`` of calling it (the card idles at a few hundred MHz and needs time to clock
+    up; a handful of millisecond-long calls is not enough)."""
+    start = torch.cuda.Event(enable_timing=True)
+    start.record()
+    done = 0
+    while True:
         fn()
+        done += 1
+        if done >= warmup:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            end.synchronize()
+            if start.elapsed_time(end) >= warmup_ms:
+                break
     torch.cuda.synchronize()
     times = []
     for _ in range(reps):
@@ -115,6 +127,20 @@ class Result:
 CHECK_TOKENS = 256
 
 
+def config_label(cfg: KernelConfig) -> str:
+    """``h16 n64 w4 s3 k2``: heads per program, rows per step, warps, stages, splits; then
+    ``+ia`` indices one step ahead, ``+st`` staged fp8 dequantization, ``-pdl`` the merge
+    launched without programmatic dependence."""
+    label = f"h{cfg.block_h} n{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages} k{cfg.num_splits}"
+    if cfg.idx_ahead:
+        label += " +ia"
+    if cfg.stage_dequant:
+        label += " +st"
+    if cfg.pdl is False:
+        label += " -pdl"
+    return label
+
+
 def check_rows(case: Case) -> torch.Tensor | None:
     """Tokens checked against the reference: all of a decode, an evenly spread sample of a long
     prefill (tokens are computed independently; the float32 reference of 4096 x 128 heads would
@@ -172,7 +198,7 @@ def run_case(
         case.tokens,
         case.heads,
         inp.indices.shape[1],
-        f"h{cfg.block_h} n{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages} k{cfg.num_splits}",
+        config_label(cfg),
         err,
         passed,
     )

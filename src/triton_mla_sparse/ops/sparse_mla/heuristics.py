@@ -30,6 +30,11 @@ class Arch:
         return self.backend == "cuda" and int(self.cc) >= 89
 
     @property
+    def pdl(self) -> bool:
+        # programmatic dependent launch (griddepcontrol): sm90+
+        return self.backend == "cuda" and int(self.cc) >= 90
+
+    @property
     def smem_bytes(self) -> int:
         if self.backend == "hip":
             return 64 * 1024
@@ -62,6 +67,12 @@ class KernelConfig:
     # fp8_ds_mla only: convert each e4m3 tile once and stage it through shared memory as fp16
     # (costs shared memory), instead of converting inside each dot's operand load.
     stage_dequant: bool = False
+    # Load each step's indices one step ahead (lets Triton double-buffer the gather from
+    # num_stages=3 on; costs registers).
+    idx_ahead: bool = False
+    # Launch the merge pass as a programmatic dependent of the split pass (sm90+), so its launch
+    # overlaps the split pass instead of following it. None: the architecture's choice.
+    pdl: bool | None = None
 
 
 def max_block_h(dtype: torch.dtype, kv_format: str, arch: Arch) -> int:
@@ -111,9 +122,16 @@ def tile_config(
         if arch.backend == "cuda" and int(arch.cc) >= 100 and kv_format == "auto":
             # sm100 lays this tile out with ~353 KB at 64 rows; 32 rows need 214 KB (compile test)
             return KernelConfig(block_h, 32, warps, 2)
-        # H200: 64 rows x 3 stages (221 KB) measured best for 64-head MMA tiles
+        # H200: 64 rows x 3 stages (221 KB, two gather buffers) measured best for 64-head MMA
+        # tiles; loading indices a step ahead makes these tiles spill (PERFORMANCE.md, log 5)
         return KernelConfig(block_h, 64, warps, 3 if arch.smem_bytes >= 224 * 1024 else 2)
     small = programs is not None and programs < arch.num_sms // 16
+    decode = programs is not None and programs <= 2 * arch.num_sms
+    if decode and not small and kv_format == "auto" and arch.smem_bytes >= 224 * 1024:
+        # H200, 128 tokens x 16 heads: 32-row steps with indices a step ahead and two gather
+        # buffers (91 KB, two programs per SM) 92 us; one buffer of 64 rows 98-100 us. A
+        # per-tensor fp8 cache measured the other way round (125 vs 110 us).
+        return KernelConfig(block_h, 32, warps, 3, idx_ahead=True)
     return KernelConfig(block_h, 32 if small else 64, warps, 2)
 
 

@@ -256,6 +256,8 @@ def sparse_mla(
         float(softmax_scale),
         _FORMAT_CODE[fmt],
         arch.fp8_native if cfg.fp8_native is None else cfg.fp8_native,
+        # never under the interpreter (CPU tensors), where griddepcontrol has no meaning
+        device.type == "cuda" and arch.pdl and cfg.pdl is not False,
         cfg,
     )
     return (out, lse) if return_lse else out

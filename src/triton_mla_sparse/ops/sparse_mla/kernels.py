@@ -38,15 +38,17 @@ def _div_pow2(x, d, SHIFT: tl.constexpr):
 
 
 @triton.jit
+def _load_idx(Idx, i_t, w0, w_hi, stride_it, stride_iw, BLOCK_N: tl.constexpr):
+    # the [BLOCK_N] top-k entries of gather step w0; -1 past the end of the split
+    o_w = w0 + tl.arange(0, BLOCK_N)
+    return tl.load(Idx + i_t * stride_it + o_w * stride_iw, mask=o_w < w_hi, other=-1)
+
+
+@triton.jit
 def _row_offsets(
-    Idx,
+    b_idx,
     BlockTable,
-    i_t,
     i_req,
-    o_w,
-    m_w,
-    stride_it,
-    stride_iw,
     stride_btr,
     stride_btb,
     bt_block_size,
@@ -61,8 +63,7 @@ def _row_offsets(
 ):
     # [BLOCK_N] indices -> (int64 element offsets of each row, validity mask).
     # Invalid entries are clamped to row 0 before any address is formed.
-    b_idx = tl.load(Idx + i_t * stride_it + o_w * stride_iw, mask=m_w, other=-1)
-    m_n = m_w & (b_idx >= 0)
+    m_n = b_idx >= 0
     if HAS_BT:
         b_pos = tl.where(m_n, b_idx, 0)
         b_blk, b_slot = _div_pow2(b_pos, bt_block_size, BT_SHIFT)
@@ -217,7 +218,13 @@ def sparse_mla_fwd_kernel(
     SPLIT: tl.constexpr,
     STORE_LSE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    IDX_AHEAD: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:
+        # the merge pass may launch now; its griddepcontrol.wait holds it until this grid is
+        # complete and its stores are visible
+        tl.extra.cuda.gdc_launch_dependents()
     # program -> (t, split, head block); head blocks of one token run side by side so that a
     # row gathered for one block is still in L2 for the next.
     i_p = tl.program_id(0)
@@ -286,18 +293,22 @@ def sparse_mla_fwd_kernel(
         p_qn = Q_nope + i_t * stride_qnt + o_h[:, None] * stride_qnh + o_l[None, :] * stride_qnd
         b_qn = tl.load(p_qn, mask=m_h[:, None], other=0.0).to(dtype)  # [BLOCK_H, L]
         b_acc = tl.zeros([BLOCK_H, L], dtype=tl.float32)
+    if IDX_AHEAD:
+        # Each step's indices are loaded one step earlier, so the gather's addresses never wait
+        # on a load of the same step: Triton's pipeliner then double-buffers the gather (with
+        # num_stages >= 3) and the next rows stream in while this step is multiplied. Costs
+        # registers: 64-head tiles spill with it.
+        b_idx_nx = _load_idx(Idx, i_t, w_lo, w_hi, stride_it, stride_iw, BLOCK_N)
     for w0 in range(w_lo, w_hi, BLOCK_N):
-        o_w = w0 + tl.arange(0, BLOCK_N)
-        m_w = o_w < w_hi
+        if IDX_AHEAD:
+            b_idx = b_idx_nx
+            b_idx_nx = _load_idx(Idx, i_t, w0 + BLOCK_N, w_hi, stride_it, stride_iw, BLOCK_N)
+        else:
+            b_idx = _load_idx(Idx, i_t, w0, w_hi, stride_it, stride_iw, BLOCK_N)
         o_row, m_n = _row_offsets(
-            Idx,
+            b_idx,
             BlockTable,
-            i_t,
             i_req,
-            o_w,
-            m_w,
-            stride_it,
-            stride_iw,
             stride_btr,
             stride_btb,
             bt_block_size,
@@ -425,7 +436,10 @@ def sparse_mla_merge_kernel(
     S_PAD: tl.constexpr,
     BLOCK_L: tl.constexpr,
     STORE_LSE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:
+        tl.extra.cuda.gdc_wait()  # launched early (programmatic dependent): wait for the split pass
     # One program per (token, head, BLOCK_L output columns): all splits in one [S_PAD, BLOCK_L]
     # tile, so no program walks the splits serially.
     i_th = tl.program_id(0).to(tl.int64)

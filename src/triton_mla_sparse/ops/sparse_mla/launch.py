@@ -37,6 +37,7 @@ def launch_sparse_mla(
     softmax_scale: float,
     kv_format: int,
     fp8_native: bool,
+    pdl: bool,
     cfg: KernelConfig,
 ) -> None:
     T, H, L = q_lat.shape
@@ -46,6 +47,7 @@ def launch_sparse_mla(
     split_len, num_splits = split_len_for(W, cfg.num_splits, cfg.block_n)
     num_hb = -(-H // cfg.block_h)
     split = num_splits > 1
+    pdl = pdl and split
     dummy = indices
     q_r = q_rope if q_rope is not None else q_lat
     if split:
@@ -104,6 +106,10 @@ def launch_sparse_mla(
         SPLIT=split,
         STORE_LSE=lse is not None,
         DOT_PRECISION="ieee" if q_lat.dtype == torch.float32 else "tf32",
+        # Triton 3.6 fails to compile the step-ahead indices feeding the block-table lookup
+        # (RemoveLayoutConversions); the fused block table keeps the in-step loop
+        IDX_AHEAD=cfg.idx_ahead and block_table is None,
+        PDL=pdl,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
@@ -122,5 +128,7 @@ def launch_sparse_mla(
             S_PAD=s_pad,
             BLOCK_L=block_l,
             STORE_LSE=lse is not None,
+            PDL=pdl,
             num_warps=4,
+            **({"launch_pdl": True} if pdl else {}),
         )

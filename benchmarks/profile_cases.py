@@ -1,0 +1,43 @@
+"""Run a few checked cases once each, for a profiler (Nsight Compute) to record.
+
+    ncu --clock-control none --kernel-name regex:sparse_mla --section SpeedOfLight \
+        --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
+        python benchmarks/profile_cases.py
+
+Each case runs once with its heuristic configuration (or the one named) after a check against
+the reference; nothing else launches a kernel whose name starts with ``sparse_mla``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from triton_mla_sparse import KernelConfig, sparse_mla
+from triton_mla_sparse.bench import config_label, prepare, rel_err
+from triton_mla_sparse.ops.sparse_mla.heuristics import arch_of, choose_config
+from triton_mla_sparse.workloads import Case
+
+CASES = [
+    (Case("bf16 decode T=128 H=16", 128, 16), None),
+    (Case("bf16 decode T=128 H=16, one 64-row buffer", 128, 16), KernelConfig(16, 64, 4, 2, 2)),
+    (Case("bf16 decode T=128 H=128", 128, 128), None),
+    (Case("fp8_ds_mla decode T=128 H=16", 128, 16, kv_format="fp8_ds_mla"), None),
+    (Case("fp8 decode T=128 H=16", 128, 16, kv_format="fp8"), None),
+    (Case("bf16 decode T=1 H=16", 1, 16), None),
+]
+
+
+def main() -> None:
+    dev = torch.device("cuda")
+    for case, cfg in CASES:
+        inp, ref = prepare(case, dev)
+        cfg = cfg or choose_config(
+            case.tokens, case.heads, case.topk, case.dtype, case.kv_format, arch_of(dev)
+        )
+        out = sparse_mla(inp.q, inp.kv_cache, inp.indices, inp.scale, config=cfg, **inp.kwargs)
+        torch.cuda.synchronize()
+        print(f"{case.name}: {config_label(cfg)} rel err {rel_err(out, ref):.1e}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
