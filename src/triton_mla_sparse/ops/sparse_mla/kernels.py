@@ -19,7 +19,12 @@ def _e4m3_to(b_u8, dtype: tl.constexpr, FP8_NATIVE: tl.constexpr):
     # 15, a factor 2^-8 that callers put back through their scale (k_scale or the ds_mla scales).
     # Exact for every finite e4m3.
     if FP8_NATIVE:
-        return b_u8.to(tl.float8e4nv, bitcast=True).to(dtype)
+        b_f = b_u8.to(tl.float8e4nv, bitcast=True)
+        if dtype == tl.bfloat16:
+            # through fp32 (exact): Triton 3.6 lowers e4m3 -> bf16 on sm89 with a
+            # cvt.bf16.f16 that only sm90+ has (ptxas rejects it)
+            return b_f.to(tl.float32).to(dtype)
+        return b_f.to(dtype)
     else:
         b16 = b_u8.to(tl.uint16)
         bits = ((b16 & 0x7F) << 7) | ((b16 & 0x80) << 8)
