@@ -50,6 +50,18 @@ SWEEPS = {
             + ia([16], [64], [8], [3], [max(1, 128 // c.tokens)])
         ),
     ),
+    "occ": (
+        [
+            Case("decode T=128 H=16", 128, 16),
+            Case("decode T=64 H=8", 64, 8),
+            Case("decode T=16 H=16", 16, 16),
+            Case("decode T=128 H=16", 128, 16, kv_format="fp8"),
+        ],
+        lambda c: (
+            ia([16], [16], [4], [3, 4], sorted({max(1, k * 128 // c.tokens) for k in (2, 3, 4)}))
+            + grid([16], [16], [4], [2], [max(1, 256 // c.tokens), max(1, 512 // c.tokens)])
+        ),
+    ),
     "mma": (
         [
             Case("decode T=128 H=128", 128, 128),
