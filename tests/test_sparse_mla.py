@@ -120,15 +120,16 @@ def interleaved_paged(cache: torch.Tensor, page: int, layers: int = 3, layer: in
     return view, big
 
 
-def config_for(t, h, w, dtype, fmt, native, splits=None, ahead=None) -> KernelConfig:
+def config_for(t, h, w, dtype, fmt, native, splits=None, loop=None) -> KernelConfig:
     """The heuristic's configuration, with fp8_native and (optionally) the split count and the
-    gather loop (indices a step ahead, with two gather buffers) forced."""
+    gather loop (``LOOPS``: indices a step ahead, with two gather buffers) forced."""
     cfg = choose_config(t, h, w, dtype, fmt, arch_of(DEVICE))
     cfg = dataclasses.replace(cfg, fp8_native=native)
     if splits is not None:
         cfg = dataclasses.replace(cfg, num_splits=splits)
-    if ahead is not None:
-        cfg = dataclasses.replace(cfg, idx_ahead=ahead, num_stages=3 if ahead else cfg.num_stages)
+    if loop is not None:
+        stages = 3 if loop else cfg.num_stages
+        cfg = dataclasses.replace(cfg, idx_ahead=loop, num_stages=stages)
     return cfg
 
 
@@ -269,14 +270,14 @@ def holes_indices(w: int, n: int, front: int, g: torch.Generator) -> torch.Tenso
 @pytest.mark.parametrize("dtype", DTYPE_PARAMS)
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("splits", SPLITS)
-@pytest.mark.parametrize("ahead", LOOPS)
-def test_holes_and_out_of_range(dtype, fmt, splits, ahead):
+@pytest.mark.parametrize("loop", LOOPS)
+def test_holes_and_out_of_range(dtype, fmt, splits, loop):
     """-1 runs at the front longer than one gather step and than one whole split, in the middle,
     at the end; indices >= N and < -1; a token with no valid index (zeros, LSE -inf)."""
     fmt, native = fmt
     g = gen(11 + splits)
     h, n, w = 3, size(500, 8192), size(200, 2048)
-    cfg = config_for(6, h, w, dtype, fmt, native, splits, ahead)
+    cfg = config_for(6, h, w, dtype, fmt, native, splits, loop)
     split_len, num_splits = split_len_for(w, cfg.num_splits, cfg.block_n)
     front = int(w * 0.55)
     assert front > 64 and front > cfg.block_n and (num_splits == 1 or front > split_len)
@@ -291,8 +292,8 @@ def test_holes_and_out_of_range(dtype, fmt, splits, ahead):
 @pytest.mark.parametrize("dtype", DTYPE_PARAMS)
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("splits", SPLITS)
-@pytest.mark.parametrize("ahead", LOOPS)
-def test_valid_counts(dtype, fmt, splits, ahead):
+@pytest.mark.parametrize("loop", LOOPS)
+def test_valid_counts(dtype, fmt, splits, loop):
     """Only indices[t, :valid_counts[t]] count. Past the count: -1, huge and negative values and
     in-range rows that are NaN. Counts of 0, negative, exactly W, past W and huge."""
     fmt, native = fmt
@@ -310,7 +311,7 @@ def test_valid_counts(dtype, fmt, splits, ahead):
         # the other half of the tail keeps in-range rows; unused by anyone, they become NaN
     idx[4, 10] = -1  # a hole inside the counted part
     idx, counts = idx.to(DEVICE), counts.to(DEVICE)
-    cfg = config_for(t, h, w, dtype, fmt, native, splits, ahead)
+    cfg = config_for(t, h, w, dtype, fmt, native, splits, loop)
     out, lse, _, _ = run_case(q, cache, idx, dtype, fkw, cfg, valid_counts=counts)
     assert torch.isneginf(lse[:2]).all() and (out[:2] == 0).all()
 
@@ -318,8 +319,8 @@ def test_valid_counts(dtype, fmt, splits, ahead):
 @pytest.mark.parametrize("dtype", DTYPE_PARAMS)
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("splits", SPLITS)
-@pytest.mark.parametrize("ahead", LOOPS)
-def test_block_table(dtype, fmt, splits, ahead):
+@pytest.mark.parametrize("loop", LOOPS)
+def test_block_table(dtype, fmt, splits, loop):
     """Request-local positions through block_table/req_ids/block_size, on a paged cache whose
     block stride exceeds page * C (other layers in between, NaN). Positions past the table,
     -1 table entries, table entries past the cache, several requests, valid_counts on top."""
@@ -350,7 +351,7 @@ def test_block_table(dtype, fmt, splits, ahead):
         valid_counts=counts.to(DEVICE),
     )
     idx = idx.to(DEVICE)
-    cfg = config_for(t, h, w, dtype, fmt, native, splits, ahead)
+    cfg = config_for(t, h, w, dtype, fmt, native, splits, loop)
     ref_cache = paged.clone()  # contiguous copy, no poison: what the reference sees
     q = randn(t, h, D, g=g, dtype=dtype)
     run_case(q, paged, idx, dtype, fkw, cfg, ref_cache=ref_cache, **bt_kw)
@@ -533,6 +534,36 @@ def test_lse_is_natural_log_logsumexp(dtype, splits):
     expect = torch.stack(expect)
     assert lse.dtype == torch.float32 and lse.shape == (t, h)
     assert (lse.double() - expect).abs().max() <= LSE_ATOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPE_PARAMS)
+@pytest.mark.parametrize("fmt", [FORMATS[0], FORMATS[1]])
+@pytest.mark.parametrize("splits", SPLITS)
+@pytest.mark.parametrize("loop", LOOPS)
+def test_running_max_jumps(dtype, fmt, splits, loop):
+    """Logits that climb along the top-k list in jumps of 5 and 7 (natural log) with jitter of
+    up to 3 inside a step, over a range of hundreds: the online softmax's running max moves by
+    large amounts many times (token 0 climbs), never after the first step (token 1 descends), or
+    at random (token 2 is shuffled); against the reference."""
+    fmt, native = fmt
+    g = gen(97 + splits)
+    t, h, w = 3, 16, size(320, 2048)
+    n = w + 64
+    v = torch.randn(D, generator=g)
+    v = v / v.norm()
+    steps = torch.arange(n) // 40
+    ramp = steps * 6.0 + (steps % 2) * 1.0 + torch.rand(n, generator=g) * 3.0  # 5, 7, 5, ...
+    ramp -= ramp.max()  # the largest logits near 0: the LSE stays O(1), testable in fp32
+    rows = ramp[:, None] * v[None, :] + 0.02 * torch.randn(n, D, generator=g)
+    cache, fkw = make_cache(rows.to(DEVICE), fmt, dtype)
+    per_head = 1.0 + 0.02 * torch.arange(h)
+    q = v[None, None, :] * per_head[None, :, None] + 0.01 * torch.randn(t, h, D, generator=g)
+    q = q.to(dtype=dtype, device=DEVICE)
+    order = torch.arange(w)
+    idx = torch.stack([order, order.flip(0), order[torch.randperm(w, generator=g)]])
+    idx = idx.to(torch.int32).to(DEVICE)
+    cfg = config_for(t, h, w, dtype, fmt, native, splits, loop)
+    run_case(q, cache, idx, dtype, fkw, cfg, softmax_scale=1.0)
 
 
 def merge(o1, l1, o2, l2):
