@@ -2,7 +2,7 @@
 
     ncu --clock-control none --kernel-name regex:sparse_mla --section SpeedOfLight \
         --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
-        python benchmarks/profile_cases.py
+        python benchmarks/profile_cases.py [NAME_SUBSTRING ...]
 
 Each case runs once with its heuristic configuration (or the one named) after a check against
 the reference; nothing else launches a kernel whose name starts with ``sparse_mla``.
@@ -10,10 +10,12 @@ the reference; nothing else launches a kernel whose name starts with ``sparse_ml
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
 from triton_mla_sparse import KernelConfig, sparse_mla
-from triton_mla_sparse.bench import config_label, prepare, rel_err
+from triton_mla_sparse.bench import check_rows, config_label, prepare, rel_err
 from triton_mla_sparse.ops.sparse_mla.heuristics import arch_of, choose_config
 from triton_mla_sparse.workloads import Case
 
@@ -24,19 +26,26 @@ CASES = [
     (Case("fp8_ds_mla decode T=128 H=16", 128, 16, kv_format="fp8_ds_mla"), None),
     (Case("fp8 decode T=128 H=16", 128, 16, kv_format="fp8"), None),
     (Case("bf16 decode T=1 H=16", 1, 16), None),
+    (Case("bf16 prefill T=4096 H=16", 4096, 16, rows=65536), None),
+    (Case("bf16 prefill T=4096 H=64", 4096, 64, rows=65536), None),
 ]
 
 
 def main() -> None:
+    want = sys.argv[1:]  # optional substrings of case names
     dev = torch.device("cuda")
     for case, cfg in CASES:
+        if want and not any(w in case.name for w in want):
+            continue
         inp, ref = prepare(case, dev)
         cfg = cfg or choose_config(
             case.tokens, case.heads, case.topk, case.dtype, case.kv_format, arch_of(dev)
         )
         out = sparse_mla(inp.q, inp.kv_cache, inp.indices, inp.scale, config=cfg, **inp.kwargs)
         torch.cuda.synchronize()
-        print(f"{case.name}: {config_label(cfg)} rel err {rel_err(out, ref):.1e}", flush=True)
+        rows = check_rows(case)  # a long prefill is checked on a sample of its tokens
+        err = rel_err(out if rows is None else out[rows.to(dev)], ref)
+        print(f"{case.name}: {config_label(cfg)} rel err {err:.1e}", flush=True)
 
 
 if __name__ == "__main__":
