@@ -1,0 +1,91 @@
+"""The ``triton-mla-sparse`` command and the measurement helpers behind ``bench``.
+
+Without a GPU: ``verify`` runs its reduced cases through the interpreter and ``bench`` says there is
+nothing to time. With a GPU: ``verify`` on the full workload (checks only) and a one-shape ``bench``
+with its JSON and CSV.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+import torch
+from conftest import HAS_GPU
+
+from triton_mla_sparse.bench import case_cost, check_rows, config_label, rel_err, run_case
+from triton_mla_sparse.cli.main import main
+from triton_mla_sparse.ops.sparse_mla.heuristics import KernelConfig
+from triton_mla_sparse.workloads import Case, make_inputs
+
+
+def test_verify_runs_and_passes(capsys):
+    """verify prints its table and exits 0 when every case passes (reduced cases on CPU)."""
+    assert main(["verify", "--no-time"]) == 0
+    out = capsys.readouterr().out
+    if not HAS_GPU:
+        assert "No GPU found" in out
+    last = out.strip().splitlines()[-1]
+    assert last.endswith(" passed, 0 failed") and int(last.split()[0]) >= 5
+    assert "FAIL" not in out
+
+
+@pytest.mark.skipif(HAS_GPU, reason="the CPU path of bench")
+def test_bench_without_gpu_exits_cleanly(capsys, tmp_path):
+    assert main(["bench", "--json", str(tmp_path / "b.json")]) == 0
+    assert "No GPU found" in capsys.readouterr().out
+    assert not (tmp_path / "b.json").exists()
+
+
+@pytest.mark.skipif(not HAS_GPU, reason="times CUDA kernels")
+def test_bench_one_shape_writes_json_and_csv(tmp_path):
+    js, cs = tmp_path / "b.json", tmp_path / "b.csv"
+    argv = ["bench", "--decode", "4", "--heads", "16", "--formats", "auto", "--no-prefill"]
+    assert main([*argv, "--json", str(js), "--csv", str(cs)]) == 0
+    data = json.loads(js.read_text())
+    assert {"gpu", "torch", "triton", "copy_gbps", "matmul_tflops"} <= set(data["environment"])
+    (res,) = data["results"]
+    assert res["passed"] and res["us"] > 0 and res["ratio"] > 0
+    with open(cs) as f:
+        assert next(csv.DictReader(f))["case"] == res["case"]
+
+
+def test_config_label():
+    assert config_label(KernelConfig(16, 32, 4, 3, 2, idx_ahead=True)) == "h16 n32 w4 s3 k2 +ia"
+    cfg = KernelConfig(64, 32, 8, 2, 1, stage_dequant=True, pdl=False)
+    assert config_label(cfg) == "h64 n32 w8 s2 k1 +st -pdl"
+
+
+def test_case_cost_is_the_anchors_formula():
+    """bytes = T*W*row_bytes + q + out, FLOPs = 2*H*T*W*(576 + 512) (anchors.md)."""
+    small = dict(rows=4096, topk=256, dtype=torch.float16)
+    for fmt, row in (("auto", 1152), ("fp8_ds_mla", 656)):
+        case = Case("c", 3, 16, kv_format=fmt, **small)
+        inp = make_inputs(case, torch.device("cpu"))
+        nbytes, flops = case_cost(case, inp)
+        assert nbytes == 3 * 256 * row + 3 * 16 * 576 * 2 + 3 * 16 * 512 * 2
+        assert flops == 2 * 16 * 3 * 256 * (576 + 512)
+
+
+def test_check_rows_samples_only_long_prefills():
+    assert check_rows(Case("d", 128, 16)) is None
+    rows = check_rows(Case("p", 4096, 16))
+    assert rows is not None and rows[0] == 0 and rows[-1] == 4095 and len(set(rows.tolist())) == 256
+
+
+def test_rel_err_rejects_non_finite():
+    ref = torch.ones(4)
+    assert rel_err(ref.clone(), ref) == 0.0
+    bad = ref.clone()
+    bad[1] = float("nan")
+    assert rel_err(bad, ref) == float("inf")
+
+
+def test_run_case_checks_before_timing():
+    """run_case compares with the reference (here on CPU, untimed) and reports the configuration."""
+    dev = torch.device("cuda" if HAS_GPU else "cpu")
+    case = Case("c", 2, 8, rows=2048, topk=128, dtype=torch.float16, holes=True)
+    res = run_case(case, dev, time_it=False)
+    assert res.passed and res.err < 3e-3 and res.us is None
+    assert res.config.startswith("h16 ")
