@@ -36,7 +36,7 @@ except ImportError:  # pragma: no cover - older Triton (the GPU host runs 3.6)
     _native = None
 
 from triton_mla_sparse.ops.sparse_mla import kernels, launch  # noqa: E402
-from triton_mla_sparse.ops.sparse_mla.heuristics import KernelConfig  # noqa: E402
+from triton_mla_sparse.ops.sparse_mla.heuristics import Arch, KernelConfig  # noqa: E402
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 FORMAT_CODE = {"auto": 0, "fp8": 1, "fp8_ds_mla": 2}
@@ -94,6 +94,8 @@ def _record(job: dict) -> list:
         num_splits=4 if job["split"] else 1,
         **extra,
     )
+    backend, cc = job["arch"].split(":")
+    arch = Arch(backend, int(cc) if backend == "cuda" else cc)  # the runtime's own flags
     fwd = _Recorder(kernels.sparse_mla_fwd_kernel)
     merge = _Recorder(kernels.sparse_mla_merge_kernel)
     launch.sparse_mla_fwd_kernel, launch.sparse_mla_merge_kernel = fwd, merge
@@ -112,9 +114,8 @@ def _record(job: dict) -> list:
         lse,
         0.04,
         FORMAT_CODE[fmt],
-        job["arch"].startswith("cuda") and int(job["arch"].split(":")[1]) >= 89,
-        # programmatic dependent launch where the heuristics use it (sm90+)
-        job["arch"].startswith("cuda") and int(job["arch"].split(":")[1]) >= 90,
+        arch.fp8_native,
+        arch.pdl,  # programmatic dependent launch where the runtime uses it
         cfg,
     )
     assert len(fwd.calls) == 1 and len(merge.calls) == (1 if job["split"] else 0)
