@@ -11,7 +11,7 @@ job's target.
 Usage: ``python aot_compile.py JOBS.json RESULTS.json``. A job is a dict with keys ``arch``
 (``"cuda:90"`` / ``"hip:gfx942"``), ``dtype``, ``fmt``, ``block_h``, ``block_n``, ``num_warps``,
 ``num_stages``, ``split``, ``rope``, ``has_counts``, ``has_bt``, ``store_lse`` and optionally
-``stage_dequant``. A result holds,
+``stage_dequant``, ``idx_ahead``, ``fp16_mma``. A result holds,
 per kernel, ``shared`` bytes (or ``error`` text) and compile seconds.
 """
 
@@ -86,6 +86,8 @@ def _record(job: dict) -> list:
     for flag in ("stage_dequant", "idx_ahead"):
         if job.get(flag):
             extra[flag] = True
+    if "fp16_mma" in job:
+        extra["fp16_mma"] = job["fp16_mma"]
     cfg = KernelConfig(
         job["block_h"],
         job["block_n"],

@@ -34,7 +34,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from triton_mla_sparse.ops.sparse_mla.heuristics import TARGETS, choose_config, split_len_for
+from triton_mla_sparse.ops.sparse_mla.heuristics import (
+    TARGETS,
+    choose_config,
+    fp16_mma_for,
+    split_len_for,
+)
 
 HERE = Path(__file__).resolve().parent
 FULL = os.environ.get("TMS_COMPILE_ALL", "0") == "1"
@@ -52,7 +57,7 @@ def arch_name(a) -> str:
 
 def chosen(arch) -> set[tuple]:
     """Every (block_h, block_n, num_warps, num_stages, dtype, format, split, stage_dequant,
-    idx_ahead) that choose_config picks."""
+    idx_ahead, fp16_mma) that choose_config picks (fp16_mma as the interface resolves it)."""
     out = set()
     grid = itertools.product(
         [1, 2, 3, 4, 8, 16, 32, 64, 128, 256, 1024, 8192],
@@ -75,16 +80,18 @@ def chosen(arch) -> set[tuple]:
                     split,
                     c.stage_dequant,
                     c.idx_ahead,
+                    fp16_mma_for(dt, fmt, arch, c.block_h),
                 )
             )
     return out
 
 
 def _job(arch, cfg, rope, *, has_counts=True, has_bt=False, store_lse=True) -> tuple[str, dict]:
-    bh, bn, nw, ns, dt, fmt, split, stage, ahead = cfg
+    bh, bn, nw, ns, dt, fmt, split, stage, ahead, fp16_mma = cfg
     job = dict(
         stage_dequant=stage,
         idx_ahead=ahead,
+        fp16_mma=fp16_mma,
         arch=arch_name(arch),
         dtype=dt,
         fmt=fmt,
@@ -103,6 +110,8 @@ def _job(arch, cfg, rope, *, has_counts=True, has_bt=False, store_lse=True) -> t
         key += "-staged"
     if ahead:
         key += "-ahead"
+    if fmt != "auto" and not fp16_mma:
+        key += "-qdtype-mma"
     if has_bt:
         key += "-blocktable"
     return key, job

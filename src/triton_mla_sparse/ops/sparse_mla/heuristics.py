@@ -73,6 +73,10 @@ class KernelConfig:
     # Launch the merge pass as a programmatic dependent of the split pass (sm90+), so its launch
     # overlaps the split pass instead of following it. None: the architecture's choice.
     pdl: bool | None = None
+    # e4m3 caches: MMA operands in fp16 (e4m3 widens to fp16 in one instruction per two values)
+    # or, False, in q's dtype (no conversion of q). None: the architecture's choice
+    # (heuristics.fp16_mma_for).
+    fp16_mma: bool | None = None
 
 
 def max_block_h(dtype: torch.dtype, kv_format: str, arch: Arch) -> int:
@@ -161,6 +165,20 @@ def choose_config(
     base = tile_config(block_h, dtype, kv_format, arch, programs)
     splits = num_splits_for(programs, width, base.block_n, arch.num_sms, block_h)
     return dataclasses.replace(base, num_splits=splits)
+
+
+def fp16_mma_for(dtype: torch.dtype, kv_format: str, arch: Arch, block_h: int) -> bool:
+    """Whether an e4m3 cache runs its MMAs in fp16 rather than in q's dtype.
+
+    fp16 everywhere except per-tensor fp8 with bf16 q in 64-head tiles on sm90: there the bf16 ->
+    fp16 conversion makes Triton hold q as a register-sourced wgmma operand ([64, 512] fp16 in
+    registers), ptxas serialises the wgmmas and spills, and that variant returned non-finite
+    partials for heads 16-63 under compute-sanitizer memcheck (docs/RELIABILITY.md). bf16 MMAs
+    keep q in shared memory and measured faster there too (H200: 128 tokens x 64 / 128 heads
+    266 -> 209 / 521 -> 407 us); 16-head tiles stay fp16 (bf16 MMAs 3-13% slower).
+    """
+    wgmma = arch.backend == "cuda" and int(arch.cc) == 90
+    return not (wgmma and kv_format == "fp8" and dtype == torch.bfloat16 and block_h >= 64)
 
 
 def split_len_for(width: int, num_splits: int, block_n: int) -> tuple[int, int]:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 
 import torch
 
 from ...kv_format import DS_MLA_LATENT, DS_MLA_ROPE, DS_MLA_ROW_BYTES, KV_FORMATS
-from .heuristics import KernelConfig, arch_of, choose_config
+from .heuristics import KernelConfig, arch_of, choose_config, fp16_mma_for
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _FORMAT_CODE = {"auto": 0, "fp8": 1, "fp8_ds_mla": 2}
@@ -238,6 +239,8 @@ def sparse_mla(
 
     arch = arch_of(device)
     cfg = config or choose_config(T, H, W, dtype, fmt, arch)
+    if cfg.fp16_mma is None:
+        cfg = dataclasses.replace(cfg, fp16_mma=fp16_mma_for(dtype, fmt, arch, cfg.block_h))
     if kv_cache.dtype == torch.float8_e4m3fn:
         kv_cache = kv_cache.view(torch.uint8)
     launch_sparse_mla(

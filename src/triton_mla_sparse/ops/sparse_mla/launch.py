@@ -96,7 +96,7 @@ def launch_sparse_mla(
         BLOCK_N=cfg.block_n,
         KV_FORMAT=kv_format,
         FP8_NATIVE=fp8_native,
-        MMA_FP16=kv_format != 0 and q_lat.dtype != torch.float32,
+        MMA_FP16=kv_format != 0 and q_lat.dtype != torch.float32 and cfg.fp16_mma is not False,
         DS_STAGE=cfg.stage_dequant,
         HAS_COUNTS=valid_counts is not None,
         HAS_BT=block_table is not None,
