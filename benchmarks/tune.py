@@ -99,6 +99,29 @@ SWEEPS = {
             else ds([64], [16], [8], [2, 3], [1]) + ds([64], [32], [4], [2], [1])
         ),
     ),
+    # fp8_ds_mla 64-head tiles: fp16 MMAs hold the four q chunks as register wgmma operands and
+    # spill (208 B, Triton 3.6 ptxas); bf16 MMAs keep them in shared memory (no spills)
+    "ds-mma": (
+        [
+            Case("decode T=128 H=64", 128, 64, kv_format="fp8_ds_mla"),
+            Case("decode T=128 H=128", 128, 128, kv_format="fp8_ds_mla"),
+            Case("decode T=16 H=64", 16, 64, kv_format="fp8_ds_mla"),
+            Case("decode T=1 H=128", 1, 128, kv_format="fp8_ds_mla"),
+            Case("prefill T=4096 H=64", 4096, 64, rows=65536, kv_format="fp8_ds_mla"),
+        ],
+        lambda c: [
+            dataclasses.replace(
+                choose_config(
+                    c.tokens, c.heads, c.topk, c.dtype, c.kv_format, arch_of(torch.device("cuda"))
+                ),
+                fp16_mma=False,
+                stage_dequant=stage,
+                block_n=bn,
+            )
+            for stage in (True, False)
+            for bn in (32, 16)
+        ],
+    ),
 }
 
 
