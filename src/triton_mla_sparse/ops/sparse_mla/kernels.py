@@ -247,11 +247,14 @@ def sparse_mla_fwd_kernel(
 
     o_h = i_hb * BLOCK_H + tl.arange(0, BLOCK_H)
     m_h = o_h < H
+    # head offsets in 64 bits: a head-major q or out (vLLM's ql_nope is a [H, T, L] matmul result
+    # viewed [T, H, L]) has head stride T * L, and h * T * L passes 2^31 at ~30K tokens
+    o_h64 = o_h.to(tl.int64)
     o_l = tl.arange(0, L)
 
     if R > 0:
         o_r = tl.arange(0, R)
-        p_qr = Q_rope + i_t * stride_qrt + o_h[:, None] * stride_qrh + o_r[None, :] * stride_qrd
+        p_qr = Q_rope + i_t * stride_qrt + o_h64[:, None] * stride_qrh + o_r[None, :] * stride_qrd
         # the rope dot stays in q's dtype: ds_mla stores rope as bf16, nothing to convert
         b_qr = tl.load(p_qr, mask=m_h[:, None], other=0.0)  # [BLOCK_H, R]
 
@@ -282,7 +285,7 @@ def sparse_mla_fwd_kernel(
         # e4m3 -> bf16 conversion stays a plain elementwise cast on the operand.
         C: tl.constexpr = L // 4
         o_c = tl.arange(0, C)
-        p_q = Q_nope + i_t * stride_qnt + o_h[:, None] * stride_qnh + o_c[None, :] * stride_qnd
+        p_q = Q_nope + i_t * stride_qnt + o_h64[:, None] * stride_qnh + o_c[None, :] * stride_qnd
         b_q0 = tl.load(p_q, mask=m_h[:, None], other=0.0).to(dtype)
         b_q1 = tl.load(p_q + C * stride_qnd, mask=m_h[:, None], other=0.0).to(dtype)
         b_q2 = tl.load(p_q + 2 * C * stride_qnd, mask=m_h[:, None], other=0.0).to(dtype)
@@ -295,7 +298,7 @@ def sparse_mla_fwd_kernel(
         # [0, 1] like an unscaled P; the accumulators are kept in units of the current b_ref.
         b_ref = 1.0
     else:
-        p_qn = Q_nope + i_t * stride_qnt + o_h[:, None] * stride_qnh + o_l[None, :] * stride_qnd
+        p_qn = Q_nope + i_t * stride_qnt + o_h64[:, None] * stride_qnh + o_l[None, :] * stride_qnd
         b_qn = tl.load(p_qn, mask=m_h[:, None], other=0.0).to(dtype)  # [BLOCK_H, L]
         b_acc = tl.zeros([BLOCK_H, L], dtype=tl.float32)
     if IDX_AHEAD:
@@ -404,7 +407,7 @@ def sparse_mla_fwd_kernel(
         p_o = OPart + (i_ts64 * H + o_h) * L
         s_o = 1
     else:
-        p_o = Out + i_t * stride_ot + o_h * stride_oh
+        p_o = Out + i_t * stride_ot + o_h64 * stride_oh
         s_o = stride_od
     if KV_FORMAT == 2:
         _store_cols(p_o, s_o, b_a0 * b_inv[:, None], 0, C, m_h)
