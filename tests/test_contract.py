@@ -335,8 +335,8 @@ class _Workload:
         out["idx"], out["counts"] = idx.to(DEVICE), counts.to(DEVICE)
         if self.table:
             reqs = 3
-            bt = torch.stack([torch.randperm(self.nb, generator=g)[: self.max_blocks]] * reqs)
-            bt = bt.to(torch.int32)
+            perms = [torch.randperm(self.nb, generator=g)[: self.max_blocks] for _ in range(reqs)]
+            bt = torch.stack(perms).to(torch.int32)
             bt[seed % reqs, seed % self.max_blocks] = -1
             out["bt"] = bt.to(DEVICE)
             out["req"] = torch.randint(0, reqs, (t,), generator=g, dtype=torch.int32).to(DEVICE)
@@ -409,27 +409,32 @@ def test_cuda_graph_replay_with_new_inputs(fmt, heads, tokens, table):
 @pytest.mark.parametrize("table", [False, True], ids=["counts", "table"])
 def test_eager_call_does_no_host_sync(fmt, table):
     """After warm-up, eager calls (decode and split-K shapes, counts, block table, tensor k_scale,
-    LSE) run under torch.cuda.set_sync_debug_mode("error"): any synchronising torch op raises."""
+    with and without LSE and out=) run under torch.cuda.set_sync_debug_mode("error"): any
+    synchronising torch op raises."""
     cases = [_Workload(t, h, fmt, table, seed=5) for t, h in ((1, 16), (64, 128))]
     outs = [torch.empty(w.t, w.h, L, dtype=torch.bfloat16, device=DEVICE) for w in cases]
-    for w, o in zip(cases, outs):
-        sparse_mla(w.q, w.cache, w.idx, out=o, return_lse=True, **w.kwargs())  # compile
-    torch.cuda.synchronize()
-    prev = torch.cuda.get_sync_debug_mode()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+
+    def calls():
         lses = [
             sparse_mla(w.q, w.cache, w.idx, out=o, return_lse=True, **w.kwargs())[1]
             for w, o in zip(cases, outs)
         ]
-        fresh = sparse_mla(cases[0].q, cases[0].cache, cases[0].idx, **cases[0].kwargs())
+        fresh = [sparse_mla(w.q, w.cache, w.idx, **w.kwargs()) for w in cases]
+        return lses, fresh
+
+    calls()  # compile every variant first
+    torch.cuda.synchronize()
+    prev = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        lses, fresh = calls()
     finally:
         torch.cuda.set_sync_debug_mode(prev)
     torch.cuda.synchronize()
-    for w, o, lse in zip(cases, outs, lses):
+    for w, o, lse, f in zip(cases, outs, lses, fresh):
         ref_o, ref_l = w.reference()
         assert_matches(o, lse, ref_o, ref_l, torch.bfloat16)
-    assert torch.equal(fresh, outs[0])
+        assert_matches(f, None, ref_o, None, torch.bfloat16)
 
 
 def test_sync_debug_mode_would_catch_a_sync():
