@@ -26,6 +26,7 @@ from test_sparse_mla import (
     I32_MAX,
     D,
     L,
+    R,
     assert_matches,
     config_for,
     gen,
@@ -464,3 +465,34 @@ def test_config_label_is_what_runs():
     assert plain.idx_ahead  # H200: 128 tokens x 16 heads loads indices ahead
     bt = choose_config(128, 16, 2048, torch.bfloat16, "auto", arch, block_table=True)
     assert not bt.idx_ahead and isinstance(bt, KernelConfig)
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("view", ["q", "out"])
+def test_head_major_views_past_2_31_elements(view):
+    """vLLM's layout: ql_nope comes out of a batched matmul over heads as a [H, T, L] tensor
+    viewed [T, H, L], so its head stride is T * L. At 40000 tokens x 128 heads, heads >= 105 sit
+    past 2^31 elements (h * T * L): their q (or out=) addresses need 64 bits. Checked on the last
+    tokens against the reference. (Found with the CPU interpreter: a 3-head q with head stride
+    2^30 + 1024 reads head 2 at a wrapped int32 offset and crashes; the kernel forms
+    ``o_h * stride_qnh`` and ``o_h * stride_oh`` in int32.)"""
+    dtype = torch.bfloat16
+    g = gen(17)
+    t, h, n, w = 40000, 128, 4096, 64
+    assert (h - 1) * t * L > 2**31
+    cache = randn(n, D, g=g, dtype=dtype)
+    idx = torch.randint(0, n, (t, w), generator=g, dtype=torch.int32).to(DEVICE)
+    dg = torch.Generator(device=DEVICE).manual_seed(17)  # 2.6e9 values: drawn on the GPU
+    big = lambda *shape: torch.randn(*shape, generator=dg, device=DEVICE, dtype=dtype)  # noqa: E731
+    q_rope = big(t, h, R)
+    if view == "q":
+        q_lat = big(h, t, L).transpose(0, 1)
+        out = None
+    else:
+        q_lat = big(t, h, L)
+        out = poison_(torch.empty(h, t, L, dtype=dtype, device=DEVICE)).transpose(0, 1)
+    res, lse = sparse_mla((q_lat, q_rope), cache, idx, out=out, return_lse=True)
+    tail = slice(t - 8, t)
+    ref_o, ref_l = reference((q_lat[tail], q_rope[tail]), cache, idx[tail])
+    assert_matches(res[tail], lse[tail], ref_o, ref_l, dtype)
