@@ -301,6 +301,8 @@ GRAPH_FORMATS = ["auto", "fp8", "fp8_ds_mla"]
 class _Workload:
     """Static input buffers of one captured decode shape, refilled in place between replays."""
 
+    dtype = torch.bfloat16
+
     def __init__(self, t: int, h: int, fmt: str, table: bool, seed: int):
         self.t, self.h, self.fmt, self.table = t, h, fmt, table
         self.page, self.nb, self.w = 64, 128, 2048
@@ -313,10 +315,10 @@ class _Workload:
     def _values(self, seed: int) -> dict:
         g = gen(seed)
         t, w = self.t, self.w
-        out = {"q": randn(t, self.h, D, g=g, dtype=torch.bfloat16)}
+        out = {"q": randn(t, self.h, D, g=g, dtype=self.dtype)}
         rows = randn(self.n, D, g=g, scale=1.0 + seed % 3)
         if self.fmt == "auto":
-            out["cache"] = rows.to(torch.bfloat16).view(self.nb, self.page, D)
+            out["cache"] = rows.to(self.dtype).view(self.nb, self.page, D)
         elif self.fmt == "fp8":
             q8, ks = quantize_fp8(rows)
             out["cache"] = q8.view(torch.uint8).view(self.nb, self.page, D)
