@@ -14,21 +14,106 @@ import pytest
 import torch
 from conftest import HAS_GPU
 
-from triton_mla_sparse.bench import case_cost, check_rows, config_label, rel_err, run_case
+from triton_mla_sparse import __version__
+from triton_mla_sparse.bench import (
+    TOLERANCE,
+    case_cost,
+    check_rows,
+    config_label,
+    rel_err,
+    run_case,
+)
 from triton_mla_sparse.cli.main import main
 from triton_mla_sparse.ops.sparse_mla.heuristics import KernelConfig
 from triton_mla_sparse.workloads import Case, make_inputs
 
 
 def test_verify_runs_and_passes(capsys):
-    """verify prints its table and exits 0 when every case passes (reduced cases on CPU)."""
+    """verify prints each case as it finishes (with the tolerance it applies), then its table,
+    and exits 0 when every case passes (reduced cases on CPU)."""
     assert main(["verify", "--no-time"]) == 0
     out = capsys.readouterr().out
     if not HAS_GPU:
         assert "No GPU found" in out
-    last = out.strip().splitlines()[-1]
-    assert last.endswith(" passed, 0 failed") and int(last.split()[0]) >= 5
+    lines = out.strip().splitlines()
+    last = lines[-1]
+    n = int(last.split()[0])
+    assert last.endswith(" passed, 0 failed") and n >= 5
     assert "FAIL" not in out
+    progress = [x for x in lines if x.startswith("[")]
+    assert [x.split("]")[0] for x in progress] == [f"[{i}/{n}" for i in range(1, n + 1)]
+    tol = f"(tol {TOLERANCE[torch.float16 if not HAS_GPU else torch.bfloat16]:.1e})"
+    assert all(" pass, " in x and "rel err" in x for x in progress)
+    assert any(tol in x for x in progress)
+    assert any(x.startswith("pass: relative Frobenius error") for x in lines)
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"triton-mla-sparse {__version__}"
+
+
+def test_help_shows_defaults_and_formats(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["bench", "--help"])
+    assert info.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    assert "auto,fp8,fp8_ds_mla" in out
+    assert "(default: auto,fp8_ds_mla)" in out and "(default: 1,4,16,64,128)" in out
+    assert "plot extra" in out
+
+
+@pytest.fixture
+def no_gpu_work(monkeypatch):
+    """bench must reject bad arguments before looking for a GPU."""
+    import triton_mla_sparse.cli.bench as bench_cli
+
+    def boom():
+        raise AssertionError("bench looked for a GPU before validating its arguments")
+
+    monkeypatch.setattr(bench_cli, "gpu_device", boom)
+
+
+@pytest.mark.parametrize(
+    "argv,words",
+    [
+        (["--formats", "bogus"], ["--formats", "bogus", "fp8_ds_mla"]),
+        (["--formats", "auto,"], None),  # a trailing comma is fine: see below
+        (["--formats", ","], ["--formats", "empty"]),
+        (["--decode", "0"], ["--decode", "below 1"]),
+        (["--heads", "8,x"], ["--heads", "'x'"]),
+        (["--prefill-heads", "-4"], ["--prefill-heads"]),
+    ],
+    ids=["formats", "trailing-comma", "formats-empty", "decode-0", "heads-x", "prefill-neg"],
+)
+def test_bench_rejects_bad_arguments_without_a_gpu(no_gpu_work, capsys, argv, words):
+    if words is None:  # valid: parsing gets through to the GPU lookup
+        with pytest.raises(AssertionError, match="looked for a GPU"):
+            main(["bench", *argv])
+        return
+    with pytest.raises(SystemExit) as info:
+        main(["bench", *argv])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    for w in words:
+        assert w in err, (w, err)
+
+
+def test_bench_plot_needs_matplotlib(no_gpu_work, monkeypatch, capsys):
+    """--plot without matplotlib: exit 2 and one line naming the plot extra, before any GPU."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "matplotlib" else real(name, *a),
+    )
+    assert main(["bench", "--plot", "x.png"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "triton-mla-sparse[plot]" in err
 
 
 @pytest.mark.skipif(HAS_GPU, reason="the CPU path of bench")

@@ -1,5 +1,6 @@
-"""Bad inputs are rejected with ValueError/TypeError naming the argument, before any launch;
-importing the package initialises no GPU and loads no kernel."""
+"""Bad inputs are rejected before any launch, naming the argument and showing what the caller
+passed: TypeError for a wrong type or dtype, ValueError for wrong shapes, devices and values (the
+exception type is pinned per case). Importing the package initialises no GPU and loads no kernel."""
 
 from __future__ import annotations
 
@@ -8,12 +9,13 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 import torch
 from conftest import DEVICE, HAS_GPU
 
 import triton_mla_sparse.ops.sparse_mla.launch as launch_mod
-from triton_mla_sparse import sparse_mla
+from triton_mla_sparse import KernelConfig, sparse_mla
 
 T, H, L, R, N, W = 3, 4, 512, 64, 64, 16
 
@@ -63,12 +65,34 @@ CASES = {
     ),
     "q-narrow": (dict(q=f16(T, H, 256)), ValueError, ["q", "kv_lora_rank"]),
     "q-list": (dict(q=[1, 2]), TypeError, ["q"]),
-    "q-tuple-3": (dict(q=(f16(T, H, L), f16(T, H, R), f16(T, H, R))), TypeError, ["q"]),
+    "q-tuple-3": (dict(q=(f16(T, H, L), f16(T, H, R), f16(T, H, R))), ValueError, ["q", "3"]),
+    "q-tuple-not-tensors": (dict(q=(f16(T, H, L), 1.0)), TypeError, ["q_rope", "float"]),
     "q-tuple-heads": (dict(q=(f16(T, H, L), f16(T, H + 1, R))), ValueError, ["q_rope"]),
     "q-tuple-dtype": (dict(q=(f16(T, H, L), f16(T, H, R).float())), TypeError, ["q_rope"]),
     "q-tuple-latent": (dict(q=(f16(T, H, 256), f16(T, H, R))), ValueError, ["q_latent"]),
-    "rope-width": (dict(q=f16(T, H, L + 48), kv_cache=f16(N, L + 48)), ValueError, ["rope"]),
-    "kv-not-tensor": (dict(kv_cache=[[0.0] * (L + R)] * N), (TypeError, ValueError), ["kv_cache"]),
+    "rope-width": (
+        dict(q=f16(T, H, L + 48), kv_cache=f16(N, L + 48)),
+        ValueError,
+        ["rope", "q", "D=560", "(3, 4, 560)"],
+    ),
+    "rope-577": (
+        dict(q=f16(T, H, L + 65), kv_cache=f16(N, L + 65)),
+        ValueError,
+        ["q", "577", "(3, 4, 577)"],
+    ),
+    "rope-width-tuple": (
+        dict(q=(f16(T, H, L), f16(T, H, 48)), kv_cache=f16(N, L + 48)),
+        ValueError,
+        ["q_rope", "(3, 4, 48)"],
+    ),
+    # messages show q as passed ([T, H, 576]), not its latent slice [T, H, 512]
+    "q-shown-as-passed": (dict(indices=i32(T + 1, W)), ValueError, ["(3, 4, 576)"]),
+    "q-tuple-shown": (
+        dict(q=(f16(T, H, L), f16(T, H, R)), indices=i32(T + 1, W)),
+        ValueError,
+        ["q_latent (3, 4, 512)", "q_rope (3, 4, 64)"],
+    ),
+    "kv-not-tensor": (dict(kv_cache=[[0.0] * (L + R)] * N), TypeError, ["kv_cache", "list"]),
     "kv-rows-2^31": (dict(kv_cache=f16(1, L + R).expand(2**31, L + R)), ValueError, ["kv_cache"]),
     "kv-rank": (dict(kv_cache=f16(2, 2, N, L + R)), ValueError, ["kv_cache"]),
     "kv-1d": (dict(kv_cache=f16(L + R)), ValueError, ["kv_cache"]),
@@ -104,7 +128,9 @@ CASES = {
         ["fp8_ds_mla", "512"],
     ),
     "kv-format-unknown": (dict(kv_format="fp8_e5m2"), ValueError, ["kv_format", "fp8_e5m2"]),
+    "kv-format-not-str": (dict(kv_format=1), TypeError, ["kv_format"]),
     "kv-lora-rank": (dict(kv_lora_rank=500), ValueError, ["kv_lora_rank"]),
+    "kv-lora-rank-str": (dict(kv_lora_rank="512"), TypeError, ["kv_lora_rank"]),
     "indices-int64": (
         dict(indices=torch.zeros(T, W, dtype=torch.int64, device=DEVICE)),
         TypeError,
@@ -160,13 +186,35 @@ CASES = {
     ),
     "block-size-float": (
         dict(block_table=i32(2, 4), req_ids=i32(T), block_size=64.0),
-        ValueError,
+        TypeError,
         ["block_size"],
     ),
-    "out-shape": (dict(out=f16(T, H, L + R)), ValueError, ["out"]),
+    "bt-idx-ahead-config": (
+        dict(
+            block_table=i32(2, 4),
+            req_ids=i32(T),
+            block_size=64,
+            config=KernelConfig(16, 32, 4, 3, idx_ahead=True),
+        ),
+        ValueError,
+        ["idx_ahead", "block_table"],
+    ),
+    "out-shape": (dict(out=f16(T, H, L + R)), ValueError, ["out", "(3, 4, 576)"]),
     "out-heads": (dict(out=f16(T, H + 1, L)), ValueError, ["out"]),
-    "out-dtype": (dict(out=f16(T, H, L).float()), ValueError, ["out"]),
-    "out-not-tensor": (dict(out=[0.0]), ValueError, ["out"]),
+    "out-dtype": (dict(out=f16(T, H, L).float()), TypeError, ["out", "float32"]),
+    "out-not-tensor": (dict(out=[0.0]), TypeError, ["out"]),
+    "softmax-scale-tensor": (
+        dict(softmax_scale=torch.tensor(0.1, device=DEVICE)),
+        TypeError,
+        ["softmax_scale", "tensor"],
+    ),
+    "softmax-scale-str": (dict(softmax_scale="0.1"), TypeError, ["softmax_scale", "str"]),
+    "softmax-scale-bool": (dict(softmax_scale=True), TypeError, ["softmax_scale"]),
+    "softmax-scale-nan": (dict(softmax_scale=float("nan")), ValueError, ["softmax_scale", "nan"]),
+    "softmax-scale-inf": (dict(softmax_scale=float("inf")), ValueError, ["softmax_scale", "inf"]),
+    "softmax-scale-np-inf": (dict(softmax_scale=np.float32("-inf")), ValueError, ["softmax_scale"]),
+    "return-lse-str": (dict(return_lse="yes"), TypeError, ["return_lse"]),
+    "config-not-config": (dict(config=(16, 32, 4, 2)), TypeError, ["config"]),
     "k-scale-auto": (dict(k_scale=0.5), ValueError, ["k_scale"]),
     "k-scale-dsmla": (
         dict(kv_cache=u8(N, 656), kv_format="fp8_ds_mla", k_scale=0.5),
@@ -184,6 +232,16 @@ CASES = {
             kv_format="fp8",
             k_scale=torch.ones(1, dtype=torch.float16, device=DEVICE),
         ),
+        TypeError,
+        ["k_scale", "float16"],
+    ),
+    "k-scale-str": (
+        dict(kv_cache=u8(N, L + R), kv_format="fp8", k_scale="1"),
+        TypeError,
+        ["k_scale"],
+    ),
+    "k-scale-nan": (
+        dict(kv_cache=u8(N, L + R), kv_format="fp8", k_scale=float("nan")),
         ValueError,
         ["k_scale"],
     ),
@@ -193,8 +251,9 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_rejected_before_launch(case):
     over, exc, words = CASES[case]
-    with pytest.raises(exc) as info:
+    with pytest.raises((TypeError, ValueError)) as info:
         sparse_mla(**good(**over))
+    assert type(info.value) is exc, f"{type(info.value).__name__}, not {exc.__name__}: {info.value}"
     msg = str(info.value)
     for w in words:
         assert w in msg, f"{w!r} not in {msg!r}"
@@ -204,6 +263,42 @@ def test_valid_call_reaches_launch():
     """The fixture really intercepts launches (so the cases above are not vacuous)."""
     with pytest.raises(AssertionError, match="launched a kernel"):
         sparse_mla(**good())
+
+
+@pytest.mark.parametrize(
+    "scale",
+    [0.1, 1, np.float32(0.1), np.float64(0.1), np.int64(2), 0.0, -0.5],
+    ids=["float", "int", "np-f32", "np-f64", "np-int", "zero", "negative"],
+)
+def test_softmax_scale_numbers_accepted(scale):
+    """Any finite Python or NumPy real number passes validation (and reaches the launch)."""
+    with pytest.raises(AssertionError, match="launched a kernel"):
+        sparse_mla(**good(softmax_scale=scale))
+
+
+def test_k_scale_numpy_accepted():
+    with pytest.raises(AssertionError, match="launched a kernel"):
+        sparse_mla(**good(kv_cache=u8(N, L + R), kv_format="fp8", k_scale=np.float32(0.5)))
+
+
+@pytest.mark.skipif(HAS_GPU, reason="the interpreter's refusal (CPU)")
+def test_bf16_refused_under_interpreter():
+    """Triton's interpreter computes bf16 wrongly (off by 1e9, silently): refused with TypeError
+    saying to use fp16/fp32 on CPU."""
+    assert os.environ.get("TRITON_INTERPRET") == "1"
+    kw = good(
+        q=torch.randn(T, H, L + R, dtype=torch.bfloat16),
+        kv_cache=torch.randn(N, L + R, dtype=torch.bfloat16),
+    )
+    with pytest.raises(TypeError) as info:
+        sparse_mla(**kw)
+    for w in ("bf16", "TRITON_INTERPRET", "fp16 or fp32", "(3, 4, 576)"):
+        assert w in str(info.value)
+    for fmt in ("fp8", "fp8_ds_mla"):  # whatever the cache, a bf16 q is refused
+        width = L + R if fmt == "fp8" else 656
+        kw = good(q=torch.randn(T, H, L + R, dtype=torch.bfloat16), kv_cache=u8(N, width))
+        with pytest.raises(TypeError, match="fp16 or fp32"):
+            sparse_mla(**kw, kv_format=fmt)
 
 
 @pytest.mark.skipif(not HAS_GPU, reason="needs a GPU to put tensors on two devices")
@@ -220,7 +315,7 @@ def test_devices_differ(arg):
     if arg == "k_scale":
         kw.update(kv_cache=u8(N, L + R), kv_format="fp8")
     kw[arg] = cpu[arg]
-    with pytest.raises((ValueError, TypeError)) as info:
+    with pytest.raises(ValueError) as info:  # a device is a value, not a type
         sparse_mla(**kw)
     assert arg in str(info.value)
 

@@ -2,7 +2,10 @@
 
 Computes in float32 (default) or float64, a chunk of tokens at a time so that a long prefill does
 not materialise ``T x W x D`` at once. Same signature and semantics as
-:func:`triton_mla_sparse.sparse_mla`.
+:func:`triton_mla_sparse.sparse_mla` (``config`` is accepted and ignored, so the two calls are
+interchangeable), plus two keyword-only arguments of its own: ``compute_dtype`` and
+``token_chunk``. Valid on any cache: rows no valid index selects are never part of the result,
+whatever they hold (NaN, inf, garbage bytes).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import math
 import torch
 
 from .kv_format import dequantize_cache
+from .ops.sparse_mla.heuristics import KernelConfig
 
 
 def physical_rows(
@@ -60,10 +64,18 @@ def sparse_mla_reference(
     k_scale: float | torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     return_lse: bool = False,
+    config: KernelConfig | None = None,
     compute_dtype: torch.dtype = torch.float32,
     token_chunk: int = 64,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Reference sparse MLA forward. Returns ``out`` in q's dtype (and the natural-log LSE)."""
+    """Reference sparse MLA forward. Returns ``out`` in q's dtype (and the natural-log LSE).
+
+    The arguments of :func:`triton_mla_sparse.sparse_mla`, with the same meaning (``config``
+    is ignored: there is no launch), and two of its own:
+
+    - ``compute_dtype``: float32 (default) or float64, the precision of every step.
+    - ``token_chunk``: tokens gathered at once (bounds the ``chunk x W x D`` temporary).
+    """
     if isinstance(q, tuple):
         q_full = torch.cat([q[0], q[1]], dim=-1) if q[1].shape[-1] else q[0]
     else:
@@ -81,7 +93,9 @@ def sparse_mla_reference(
     qc = q_full.to(compute_dtype)
     for t0 in range(0, t, token_chunk):
         sl = slice(t0, min(t, t0 + token_chunk))
-        k = rows[ridx[sl]]  # [c, W, D]
+        # invalid entries point at row 0: zero them here, since 0 * NaN in the product would
+        # carry a NaN (or inf) of a row nobody selected into the result
+        k = torch.where(valid[sl][..., None], rows[ridx[sl]], 0.0)  # [c, W, D]
         s = torch.einsum("chd,cwd->chw", qc[sl], k) * softmax_scale
         s = s.masked_fill(~valid[sl][:, None, :], float("-inf"))
         m = s.amax(dim=-1, keepdim=True)

@@ -5,32 +5,84 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import importlib.util
 import json
+import sys
 
+from ..kv_format import KV_FORMATS
 from .common import environment, environment_line, gpu_device, num, table
+
+DESCRIPTION = (
+    "Check each shape against the PyTorch reference, then time it (decode from CUDA-graph "
+    "replays, prefill with device events) beside the copy-bandwidth / matmul floor measured on "
+    "this GPU. Needs a GPU; arguments are checked without one."
+)
+
+
+def csv_of(kind, choices=None, minimum=None):
+    """An argparse ``type``: a comma-separated list of ``kind`` values, each among ``choices`` or
+    at least ``minimum``; a bad list is a usage error (exit 2) before anything runs."""
+
+    def parse(text: str) -> list:
+        items = [x.strip() for x in text.split(",") if x.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError(f"empty list {text!r}")
+        out = []
+        for x in items:
+            try:
+                v = kind(x)
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"{x!r} is not a {kind.__name__}") from None
+            if choices is not None and v not in choices:
+                raise argparse.ArgumentTypeError(f"{x!r} is not one of {', '.join(choices)}")
+            if minimum is not None and v < minimum:
+                raise argparse.ArgumentTypeError(f"{x!r} is below {minimum}")
+            out.append(v)
+        return out
+
+    parse.__name__ = f"list of {kind.__name__}"  # argparse names the type in its errors
+    return parse
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
+    """bench's arguments; each is validated by its ``type`` (exit 2 on a bad value, no GPU
+    needed). New options go here; checks across options go in ``check_args``."""
+    fmts = ",".join(KV_FORMATS)
     p.add_argument(
         "--formats",
         default="auto,fp8_ds_mla",
-        help="kv formats, comma separated (auto,fp8,fp8_ds_mla)",
+        type=csv_of(str, choices=KV_FORMATS),
+        help=f"kv cache formats, comma separated, from {fmts}",
     )
-    p.add_argument("--decode", default="1,4,16,64,128", help="decode token counts")
-    p.add_argument("--heads", default="8,16,64,128", help="decode head counts")
-    p.add_argument("--prefill-heads", default="16,64,128", help="prefill head counts (T=4096)")
-    p.add_argument("--no-prefill", action="store_true")
+    ints = csv_of(int, minimum=1)
+    p.add_argument("--decode", default="1,4,16,64,128", type=ints, help="decode token counts")
+    p.add_argument("--heads", default="8,16,64,128", type=ints, help="decode head counts")
+    p.add_argument(
+        "--prefill-heads", default="16,64,128", type=ints, help="prefill head counts (T=4096)"
+    )
+    p.add_argument("--no-prefill", action="store_true", help="skip the prefill shapes")
     p.add_argument("--reference", action="store_true", help="also time the PyTorch reference")
     p.add_argument("--json", metavar="PATH", help="write results and environment as JSON")
     p.add_argument("--csv", metavar="PATH", help="write results as CSV")
-    p.add_argument("--plot", metavar="PATH", help="write a PNG of µs against tokens per head count")
+    p.add_argument(
+        "--plot",
+        metavar="PATH",
+        help="write a PNG of µs against tokens per head count (needs the plot extra: matplotlib)",
+    )
 
 
-def _ints(s: str) -> list[int]:
-    return [int(x) for x in s.split(",") if x]
+def check_args(args: argparse.Namespace) -> str | None:
+    """What is wrong with a combination of arguments (checked before any GPU work), or None."""
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        return "--plot needs matplotlib: pip install 'triton-mla-sparse[plot]'"
+    return None
 
 
 def main(args: argparse.Namespace) -> int:
+    problem = check_args(args)
+    if problem:
+        print(f"triton-mla-sparse bench: error: {problem}", file=sys.stderr)
+        return 2
     device = gpu_device()
     if device is None:
         print("No GPU found: bench times CUDA/ROCm kernels only. `triton-mla-sparse verify` runs")
@@ -47,12 +99,12 @@ def main(args: argparse.Namespace) -> int:
         f"ceilings measured now: copy {ceil.copy_gbps:.0f} GB/s, bf16 matmul {ceil.matmul_tflops:.0f} TFLOP/s"
     )
     cases = []
-    for fmt in args.formats.split(","):
-        for h in _ints(args.heads):
-            for t in _ints(args.decode):
+    for fmt in args.formats:
+        for h in args.heads:
+            for t in args.decode:
                 cases.append(Case(f"decode T={t} H={h}", t, h, kv_format=fmt))
         if not args.no_prefill:
-            for h in _ints(args.prefill_heads):
+            for h in args.prefill_heads:
                 cases.append(Case(f"prefill T=4096 H={h}", 4096, h, rows=65536, kv_format=fmt))
     results, failed = [], 0
     for case in cases:
@@ -117,8 +169,8 @@ def _plot(results, path: str, env: dict) -> None:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-    except ImportError:
-        print("--plot needs matplotlib (pip install 'triton-mla-sparse[plot]')")
+    except ImportError:  # checked before the run (check_args); a broken install lands here
+        print("--plot needs matplotlib: pip install 'triton-mla-sparse[plot]'", file=sys.stderr)
         return
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
     for ax, fmt in zip(axes, ("auto", "fp8_ds_mla")):

@@ -49,6 +49,8 @@ TARGETS = (
     Arch("cuda", 90, 132),
     Arch("cuda", 100, 148),
     Arch("cuda", 120, 188),
+    # GB10 (DGX Spark): 48 SMs, the 99 KB shared memory of the sm120 parts
+    Arch("cuda", 121, 48),
     Arch("hip", "gfx942", 304, 64),
 )
 
@@ -68,7 +70,9 @@ class KernelConfig:
     # (costs shared memory), instead of converting inside each dot's operand load.
     stage_dequant: bool = False
     # Load each step's indices one step ahead (lets Triton double-buffer the gather from
-    # num_stages=3 on; costs registers).
+    # num_stages=3 on; costs registers). Not with a block table: Triton 3.6 fails to compile
+    # step-ahead indices feeding the table lookup (RemoveLayoutConversions), so that path keeps
+    # the in-step loop; sparse_mla refuses a config asking for both.
     idx_ahead: bool = False
     # Launch the merge pass as a programmatic dependent of the split pass (sm90+), so its launch
     # overlaps the split pass instead of following it. None: the architecture's choice.
@@ -158,13 +162,21 @@ def choose_config(
     dtype: torch.dtype,
     kv_format: str,
     arch: Arch,
+    *,
+    block_table: bool = False,
 ) -> KernelConfig:
+    """The launch configuration of one call; ``block_table``: the call maps indices through a
+    block table (then the gather loop loads each step's indices in the step, never ahead)."""
     block_h = block_h_for(num_heads, max_block_h(dtype, kv_format, arch))
     num_hb = -(-num_heads // block_h)
     programs = num_tokens * num_hb
     base = tile_config(block_h, dtype, kv_format, arch, programs)
     splits = num_splits_for(programs, width, base.block_n, arch.num_sms, block_h)
-    return dataclasses.replace(base, num_splits=splits)
+    cfg = dataclasses.replace(base, num_splits=splits)
+    if block_table and cfg.idx_ahead:
+        # the same tiles and stages with the in-step loop (what block-table calls have run)
+        cfg = dataclasses.replace(cfg, idx_ahead=False)
+    return cfg
 
 
 def fp16_mma_for(dtype: torch.dtype, kv_format: str, arch: Arch, block_h: int) -> bool:

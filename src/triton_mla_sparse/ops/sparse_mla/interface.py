@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import os
 
 import torch
@@ -27,12 +28,47 @@ def _is_pow2(n: int) -> bool:
     return n > 0 and (n & (n - 1)) == 0
 
 
+def _interpreted() -> bool:
+    """Triton's CPU interpreter is on (it is chosen when the kernels module is imported)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _real_number(name: str, x: object) -> float:
+    """A finite Python or NumPy real number as a float. Tensors are refused: float() on a CUDA
+    tensor is a host synchronisation, which this call promises not to do."""
+    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+        if isinstance(x, torch.Tensor):
+            what = f"a tensor {_shape(x)} (reading it would synchronise with the device)"
+        else:
+            what = f"a {type(x).__name__} ({x!r})"
+        raise TypeError(f"{name} must be a Python or NumPy real number, got {what}")
+    v = float(x)
+    if not math.isfinite(v):
+        raise ValueError(f"{name} must be finite, got {x!r}")
+    return v
+
+
+def _describe_q(q: object) -> str:
+    """q as the caller passed it, for error messages."""
+    if isinstance(q, (tuple, list)) and len(q) == 2:
+        return f"(q_latent {_shape(q[0])}, q_rope {_shape(q[1])})"
+    return _shape(q)
+
+
 def _split_q(
     q: torch.Tensor | tuple[torch.Tensor, torch.Tensor], kv_lora_rank: int
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     if isinstance(q, (tuple, list)):
-        if len(q) != 2 or not all(isinstance(x, torch.Tensor) for x in q):
-            raise TypeError("q as a tuple must be (q_latent [T, H, L], q_rope [T, H, R]) tensors")
+        if len(q) != 2:
+            raise ValueError(
+                "q as a tuple must be (q_latent [T, H, L], q_rope [T, H, R]), "
+                f"got {len(q)} elements: {', '.join(_shape(x) for x in q)}"
+            )
+        if not all(isinstance(x, torch.Tensor) for x in q):
+            raise TypeError(
+                "q as a tuple must hold two tensors (q_latent [T, H, L], q_rope [T, H, R]), "
+                f"got {_describe_q(q)}"
+            )
         q_lat, q_rope = q
         if q_lat.dim() != 3 or q_rope.dim() != 3:
             raise ValueError(
@@ -50,7 +86,13 @@ def _split_q(
             raise ValueError(
                 f"q_latent must have last dimension kv_lora_rank={kv_lora_rank}, got {_shape(q_lat)}"
             )
-        return q_lat, (q_rope if q_rope.shape[-1] > 0 else None)
+        r = q_rope.shape[-1]
+        if r and (not _is_pow2(r) or r < 16):
+            raise ValueError(
+                f"q_rope's last dimension (the rope width) must be 0 or a power of two >= 16, "
+                f"got {_shape(q_rope)}"
+            )
+        return q_lat, (q_rope if r > 0 else None)
     if not isinstance(q, torch.Tensor):
         raise TypeError(f"q must be a tensor or a (q_latent, q_rope) tuple, got {type(q).__name__}")
     if q.dim() != 3:
@@ -58,6 +100,12 @@ def _split_q(
     if q.shape[-1] < kv_lora_rank:
         raise ValueError(
             f"q's last dimension must be >= kv_lora_rank={kv_lora_rank}, got {_shape(q)}"
+        )
+    r = q.shape[-1] - kv_lora_rank
+    if r and (not _is_pow2(r) or r < 16):
+        raise ValueError(
+            f"q's last dimension D={q.shape[-1]} must be kv_lora_rank={kv_lora_rank} plus a rope "
+            f"width of 0 or a power of two >= 16 (D - kv_lora_rank = {r}), got {_shape(q)}"
         )
     q_rope = q[..., kv_lora_rank:] if q.shape[-1] > kv_lora_rank else None
     return q[..., :kv_lora_rank], q_rope
@@ -77,6 +125,8 @@ def _check_int32(name: str, x: torch.Tensor | None, ndim: int, device: torch.dev
 
 
 def _resolve_format(kv_format: str, kv_cache: torch.Tensor, q_dtype: torch.dtype) -> str:
+    if not isinstance(kv_format, str):
+        raise TypeError(f"kv_format must be a str, one of {KV_FORMATS}, got {kv_format!r}")
     if kv_format not in KV_FORMATS:
         raise ValueError(f"kv_format must be one of {KV_FORMATS}, got {kv_format!r}")
     if kv_format == "auto":
@@ -114,7 +164,9 @@ def sparse_mla(
     Args:
         q: ``[T, H, D]`` with ``D = kv_lora_rank + rope`` (576 for DeepSeek-V3.2/GLM-5, 512 for
             NoPE models), or a tuple ``(q_latent [T, H, kv_lora_rank], q_rope [T, H, rope])``
-            used as is (no concatenation). fp16, bf16 or fp32; any strides.
+            used as is (no concatenation). fp16, bf16 or fp32 (bf16 not under
+            ``TRITON_INTERPRET=1``: Triton's interpreter computes it wrongly); any strides; any
+            head count ``H >= 1`` (heads beyond one tile run as further head blocks).
         kv_cache: one latent head per token. Rows ``[N, C]`` or paged ``[num_blocks, page, C]``,
             any strides (block stride may exceed ``page * C``). ``C`` is ``D`` for
             ``kv_format="auto"`` (q's dtype) and ``"fp8"`` (e4m3 as uint8/float8_e4m3fn),
@@ -123,37 +175,57 @@ def sparse_mla(
             (paged: row ``i`` is block ``i // page``, slot ``i % page``). ``-1`` and any index
             outside ``[0, N)`` are skipped wherever they stand and never dereferenced.
             A duplicated index counts as often as it appears.
-        softmax_scale: multiplies ``q . k``; default ``1 / sqrt(D)``.
+        softmax_scale: multiplies ``q . k``; a finite Python or NumPy number (not a tensor:
+            reading one would synchronise with the device); default ``1 / sqrt(D)``.
         kv_lora_rank: latent width ``L`` (the V width and the output width).
         valid_counts: optional int32 ``[T]``: only ``indices[t, :valid_counts[t]]`` are read.
+            Any stride (``valid_counts`` and ``req_ids`` views that are not contiguous are
+            copied first, ``T`` values).
         block_table, req_ids, block_size: optional int32 ``[R, max_blocks]``, int32 ``[T]`` and
             an int. When given, indices are request-local positions ``pos`` mapped to cache row
             ``block_table[req_ids[t], pos // block_size] * block_size + pos % block_size``;
-            positions past the table or with a negative table entry are skipped.
+            positions past the table, with a negative table entry, or with an entry whose
+            rows lie past the cache (never wrapped around int32) are skipped. Any strides.
         kv_format: ``"auto"``, ``"fp8"`` or ``"fp8_ds_mla"``.
         k_scale: per-tensor dequantization scale for ``"fp8"`` (float or 0-d/1-element float32
             tensor on q's device, the latter for CUDA graphs); default 1.
         out: optional ``[T, H, L]`` tensor in q's dtype to write into (any strides).
         return_lse: also return the natural-log log-sum-exp ``[T, H]`` (float32).
-        config: optional :class:`KernelConfig` overriding the heuristic launch configuration.
+        config: optional :class:`KernelConfig` overriding the heuristic launch configuration
+            (``idx_ahead=True`` cannot be combined with a block table).
 
     Returns:
         ``out [T, H, L]`` in q's dtype, and ``lse [T, H]`` with ``return_lse=True``. A token with
         no valid index gets zeros and LSE ``-inf``.
+
+    Raises:
+        TypeError: an argument of the wrong type or dtype (a tensor's dtype, a non-tensor where a
+            tensor is needed, a tensor or string ``softmax_scale``, bf16 under the interpreter).
+        ValueError: wrong shapes, ranks, devices or values (non-finite scales, unknown
+            ``kv_format``, mismatched ``T``). Raised before anything is launched or allocated;
+            messages name the argument and show what the caller passed.
     """
-    if not isinstance(kv_lora_rank, int) or not _is_pow2(kv_lora_rank) or kv_lora_rank < 16:
+    if isinstance(kv_lora_rank, bool) or not isinstance(kv_lora_rank, int):
+        raise TypeError(f"kv_lora_rank must be an int, got {kv_lora_rank!r}")
+    if not _is_pow2(kv_lora_rank) or kv_lora_rank < 16:
         raise ValueError(f"kv_lora_rank must be a power of two >= 16, got {kv_lora_rank!r}")
     q_lat, q_rope = _split_q(q, kv_lora_rank)
+    q_desc = _describe_q(q)  # messages show q as passed, not its latent slice
     T, H, L = q_lat.shape
     R = 0 if q_rope is None else q_rope.shape[-1]
     device, dtype = q_lat.device, q_lat.dtype
     if dtype not in _FLOAT_DTYPES:
-        raise TypeError(f"q must be fp16, bf16 or fp32, got {_shape(q_lat)}")
-    if R and (not _is_pow2(R) or R < 16):
-        raise ValueError(f"rope width D - kv_lora_rank must be 0 or a power of two >= 16, got {R}")
+        raise TypeError(f"q must be fp16, bf16 or fp32, got {q_desc}")
+    if dtype == torch.bfloat16 and _interpreted():
+        raise TypeError(
+            f"bf16 q under TRITON_INTERPRET=1 (got {q_desc}): Triton's CPU interpreter computes "
+            "bf16 wrongly (errors of 1e9 seen), so it is refused there; use fp16 or fp32 on CPU"
+        )
     if H < 1:
-        raise ValueError(f"q must have at least one head, got {_shape(q_lat)}")
-    if not isinstance(kv_cache, torch.Tensor) or kv_cache.dim() not in (2, 3):
+        raise ValueError(f"q must have at least one head, got {q_desc}")
+    if not isinstance(kv_cache, torch.Tensor):
+        raise TypeError(f"kv_cache must be a tensor, got {_shape(kv_cache)}")
+    if kv_cache.dim() not in (2, 3):
         raise ValueError(
             f"kv_cache must be [N, C] or [num_blocks, page, C], got {_shape(kv_cache)}"
         )
@@ -163,33 +235,32 @@ def sparse_mla(
     want = DS_MLA_ROW_BYTES if fmt == "fp8_ds_mla" else L + R
     if kv_cache.shape[-1] != want:
         raise ValueError(
-            f"kv_cache's last dimension must be {want} for kv_format={fmt!r} with q width {L + R}, "
-            f"got {_shape(kv_cache)}"
+            f"kv_cache's last dimension must be {want} for kv_format={fmt!r} with q width {L + R} "
+            f"(q {q_desc}), got {_shape(kv_cache)}"
         )
     if fmt == "fp8_ds_mla" and (L != DS_MLA_LATENT or R not in (0, DS_MLA_ROPE)):
         raise ValueError(
-            f"fp8_ds_mla holds 512 latent + 64 rope values; q has {L} + {R} ({_shape(q_lat)})"
+            f"fp8_ds_mla holds 512 latent + 64 rope values; q has {L} + {R} (q {q_desc}, "
+            f"kv_lora_rank={kv_lora_rank})"
         )
     if fmt != "auto" and kv_cache.stride(-1) != 1:
         raise ValueError(
-            f"a {fmt} cache must have unit stride in its last dimension: {_shape(kv_cache)}"
+            f"a {fmt} cache must have unit stride in its last dimension: {_shape(kv_cache)} "
+            f"with strides {kv_cache.stride()}"
         )
     num_rows = kv_cache.shape[0] * (kv_cache.shape[1] if kv_cache.dim() == 3 else 1)
     if num_rows >= 2**31:
         raise ValueError(
-            f"kv_cache holds {num_rows} rows; at most 2^31 - 1 are addressable by int32 indices"
+            f"kv_cache holds {num_rows} rows ({_shape(kv_cache)}); at most 2^31 - 1 are "
+            "addressable by int32 indices"
         )
-    if not isinstance(indices, torch.Tensor):
-        raise TypeError(f"indices must be an int32 tensor, got {type(indices).__name__}")
     _check_int32("indices", indices, 2, device)
     if indices.shape[0] != T or indices.shape[1] < 1:
-        raise ValueError(
-            f"indices must be [T={T}, W>=1], got {_shape(indices)} (q {_shape(q_lat)})"
-        )
+        raise ValueError(f"indices must be [T={T}, W>=1], got {_shape(indices)} (q {q_desc})")
     W = indices.shape[1]
     _check_int32("valid_counts", valid_counts, 1, device)
     if valid_counts is not None and valid_counts.shape[0] != T:
-        raise ValueError(f"valid_counts must be [T={T}], got {_shape(valid_counts)}")
+        raise ValueError(f"valid_counts must be [T={T}], got {_shape(valid_counts)} (q {q_desc})")
     has_bt = block_table is not None
     if has_bt != (req_ids is not None) or has_bt != (block_size is not None):
         raise ValueError(
@@ -200,12 +271,18 @@ def sparse_mla(
         _check_int32("block_table", block_table, 2, device)
         _check_int32("req_ids", req_ids, 1, device)
         if req_ids.shape[0] != T:
-            raise ValueError(f"req_ids must be [T={T}], got {_shape(req_ids)}")
-        if not isinstance(block_size, int) or block_size < 1:
-            raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+            raise ValueError(f"req_ids must be [T={T}], got {_shape(req_ids)} (q {q_desc})")
+        if isinstance(block_size, bool) or not isinstance(block_size, int):
+            raise TypeError(f"block_size must be an int, got {block_size!r}")
+        if block_size < 1:
+            raise ValueError(f"block_size must be positive, got {block_size!r}")
     if out is not None:
-        if not isinstance(out, torch.Tensor) or tuple(out.shape) != (T, H, L) or out.dtype != dtype:
-            raise ValueError(f"out must be [{T}, {H}, {L}] {dtype}, got {_shape(out)}")
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"out must be a tensor, got {_shape(out)}")
+        if out.dtype != dtype:
+            raise TypeError(f"out must have q's dtype {dtype}, got {_shape(out)}")
+        if tuple(out.shape) != (T, H, L):
+            raise ValueError(f"out must be [{T}, {H}, {L}] (q {q_desc}), got {_shape(out)}")
         if out.device != device:
             raise ValueError(f"out must be on {device} like q, got {_shape(out)}")
     k_scale_ptr = None
@@ -214,20 +291,40 @@ def sparse_mla(
         if fmt != "fp8":
             raise ValueError(f"k_scale applies to kv_format='fp8' only, got kv_format={fmt!r}")
         if isinstance(k_scale, torch.Tensor):
-            if k_scale.numel() != 1 or k_scale.dtype != torch.float32 or k_scale.device != device:
+            if k_scale.dtype != torch.float32:
+                raise TypeError(f"k_scale as a tensor must be float32, got {_shape(k_scale)}")
+            if k_scale.numel() != 1 or k_scale.device != device:
                 raise ValueError(
                     f"k_scale must be one float32 value on {device}, got {_shape(k_scale)}"
                 )
             k_scale_ptr = k_scale
         else:
-            k_scale_val = float(k_scale)
+            k_scale_val = _real_number("k_scale", k_scale)
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(L + R)
-    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+    else:
+        softmax_scale = _real_number("softmax_scale", softmax_scale)
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse must be a bool, got {return_lse!r}")
+    if config is not None and not isinstance(config, KernelConfig):
+        raise TypeError(f"config must be a KernelConfig or None, got {type(config).__name__}")
+    if config is not None and config.idx_ahead and has_bt:
+        raise ValueError(
+            f"config {config} asks for indices a step ahead (idx_ahead=True), which the kernel "
+            "does not do with a block_table (the block-table lookup keeps the in-step loop; "
+            "choose_config(..., block_table=True) never picks it): pass idx_ahead=False"
+        )
+    if device.type == "cpu" and not _interpreted():
         raise ValueError(
             "sparse_mla runs on CUDA/ROCm tensors (CPU tensors only under TRITON_INTERPRET=1); "
             "use triton_mla_sparse.reference.sparse_mla_reference on CPU"
         )
+    # The kernel reads valid_counts[t] and req_ids[t] at unit stride; a strided [T] view is
+    # copied (T int32, shape-dependent only: still graph-capturable)
+    if valid_counts is not None and not valid_counts.is_contiguous():
+        valid_counts = valid_counts.contiguous()
+    if req_ids is not None and not req_ids.is_contiguous():
+        req_ids = req_ids.contiguous()
 
     if out is None:
         out = torch.empty((T, H, L), dtype=dtype, device=device)
@@ -238,7 +335,7 @@ def sparse_mla(
     from .launch import launch_sparse_mla  # Triton import deferred: nothing compiles at import
 
     arch = arch_of(device)
-    cfg = config or choose_config(T, H, W, dtype, fmt, arch)
+    cfg = config or choose_config(T, H, W, dtype, fmt, arch, block_table=has_bt)
     if cfg.fp16_mma is None:
         cfg = dataclasses.replace(cfg, fp16_mma=fp16_mma_for(dtype, fmt, arch, cfg.block_h))
     if kv_cache.dtype == torch.float8_e4m3fn:
@@ -256,7 +353,7 @@ def sparse_mla(
         k_scale_val,
         out,
         lse,
-        float(softmax_scale),
+        softmax_scale,
         _FORMAT_CODE[fmt],
         arch.fp8_native if cfg.fp8_native is None else cfg.fp8_native,
         # never under the interpreter (CPU tensors), where griddepcontrol has no meaning

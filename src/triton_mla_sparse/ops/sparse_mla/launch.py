@@ -40,6 +40,10 @@ def launch_sparse_mla(
     pdl: bool,
     cfg: KernelConfig,
 ) -> None:
+    if cfg.idx_ahead and block_table is not None:
+        # KernelConfig.idx_ahead: no step-ahead loop through a block table (the interface
+        # refuses such a config; the heuristics never choose it)
+        raise ValueError(f"{cfg} has idx_ahead=True, which a block-table launch cannot run")
     T, H, L = q_lat.shape
     R = 0 if q_rope is None else q_rope.shape[-1]
     W = indices.shape[1]
@@ -106,9 +110,7 @@ def launch_sparse_mla(
         SPLIT=split,
         STORE_LSE=lse is not None,
         DOT_PRECISION="ieee" if q_lat.dtype == torch.float32 else "tf32",
-        # Triton 3.6 fails to compile the step-ahead indices feeding the block-table lookup
-        # (RemoveLayoutConversions); the fused block table keeps the in-step loop
-        IDX_AHEAD=cfg.idx_ahead and block_table is None,
+        IDX_AHEAD=cfg.idx_ahead,
         PDL=pdl,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
