@@ -179,8 +179,7 @@ def sparse_mla(
             reading one would synchronise with the device); default ``1 / sqrt(D)``.
         kv_lora_rank: latent width ``L`` (the V width and the output width).
         valid_counts: optional int32 ``[T]``: only ``indices[t, :valid_counts[t]]`` are read.
-            Any stride (``valid_counts`` and ``req_ids`` views that are not contiguous are
-            copied first, ``T`` values).
+            Any stride (as ``req_ids``).
         block_table, req_ids, block_size: optional int32 ``[R, max_blocks]``, int32 ``[T]`` and
             an int. When given, indices are request-local positions ``pos`` mapped to cache row
             ``block_table[req_ids[t], pos // block_size] * block_size + pos % block_size``;
@@ -319,12 +318,6 @@ def sparse_mla(
             "sparse_mla runs on CUDA/ROCm tensors (CPU tensors only under TRITON_INTERPRET=1); "
             "use triton_mla_sparse.reference.sparse_mla_reference on CPU"
         )
-    # The kernel reads valid_counts[t] and req_ids[t] at unit stride; a strided [T] view is
-    # copied (T int32, shape-dependent only: still graph-capturable)
-    if valid_counts is not None and not valid_counts.is_contiguous():
-        valid_counts = valid_counts.contiguous()
-    if req_ids is not None and not req_ids.is_contiguous():
-        req_ids = req_ids.contiguous()
 
     if out is None:
         out = torch.empty((T, H, L), dtype=dtype, device=device)

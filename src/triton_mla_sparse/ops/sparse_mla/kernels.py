@@ -172,9 +172,9 @@ def sparse_mla_fwd_kernel(
     Q_rope,  # [T, H, R]
     KV,  # paged rows: element (row r, col d) at (r // page)*stride_kb + (r % page)*stride_kr + d*stride_kd
     Idx,  # int32 [T, W]
-    Counts,  # int32 [T] (HAS_COUNTS)
+    Counts,  # int32 [T], any stride (HAS_COUNTS)
     BlockTable,  # int32 [num_reqs, max_blocks] (HAS_BT)
-    ReqIds,  # int32 [T] (HAS_BT)
+    ReqIds,  # int32 [T], any stride (HAS_BT)
     KScale,  # fp32 [1] (K_SCALE_PTR)
     Out,  # [T, H, L] q dtype (NUM_SPLITS == 1)
     Lse,  # fp32 [T, H] (STORE_LSE)
@@ -202,6 +202,8 @@ def sparse_mla_fwd_kernel(
     stride_iw,
     stride_btr,
     stride_btb,
+    stride_ct,
+    stride_rq,
     bt_block_size,
     bt_max_blocks,
     stride_ot,
@@ -270,10 +272,10 @@ def sparse_mla_fwd_kernel(
 
     w_end = W
     if HAS_COUNTS:
-        w_end = tl.minimum(tl.load(Counts + i_t), W)
+        w_end = tl.minimum(tl.load(Counts + i_t * stride_ct), W)
     i_req = 0
     if HAS_BT:
-        i_req = tl.load(ReqIds + i_t).to(tl.int64)
+        i_req = tl.load(ReqIds + i_t * stride_rq).to(tl.int64)
     w_lo = i_s * split_len
     w_hi = tl.minimum(w_lo + split_len, w_end)
 

@@ -91,6 +91,8 @@ def launch_sparse_mla(
         *indices.stride(),
         bt.stride(0) if block_table is not None else 0,
         bt.stride(1) if block_table is not None else 0,
+        valid_counts.stride(0) if valid_counts is not None else 0,
+        req_ids.stride(0) if req_ids is not None else 0,
         bt_block_size,
         bt.shape[1] if block_table is not None else 0,
         *out.stride(),
