@@ -231,3 +231,34 @@ def test_run_flashmla_reports_wrong_or_broken_peers():
         Case("fp8", 2, 8, kv_format="fp8", **SMALL),
     ):
         assert run_flashmla(skipped, CPU, (None, None), ours, Broken()) is None
+
+
+def _smoke_module():
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).parents[1] / "benchmarks" / "flashmla_smoke.py"
+    spec = importlib.util.spec_from_file_location("flashmla_smoke", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_smoke_script_without_flashmla_exits_2(monkeypatch, capsys):
+    smoke = _smoke_module()
+    monkeypatch.setitem(sys.modules, flashmla.INTERFACE, None)
+    monkeypatch.setattr(sys, "argv", ["flashmla_smoke.py"])
+    assert smoke.main() == 2
+    assert capsys.readouterr().out.startswith("--compare flashmla: cannot import ")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU dry run of the smoke script")
+@pytest.mark.parametrize("name", ["sparse_fwd-h16-holes", "kvcache-h16", "kvcache-h128"])
+def test_smoke_cases_on_cpu_with_fake(monkeypatch, name):
+    """The smoke script's case logic on CPU: the fake in place of FlashMLA, no graph, no timing."""
+    smoke = _smoke_module()
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(smoke, "_graph_output", lambda run: run())
+    monkeypatch.setattr(smoke, "time_graph", lambda run: 1.0)
+    rec = smoke.run_one(name, smoke.CASES[name], FakeInterface(), CPU)
+    assert rec["passed"] and "error" not in rec and rec["err"] < 1.5e-2 and rec["us"] == 1.0
