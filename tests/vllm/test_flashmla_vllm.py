@@ -155,3 +155,20 @@ def _sched_meta(call):
     cells = [c.cell_contents for c in call.run.__closure__]
     (meta,) = [c for c in cells if type(c).__name__ == "FlashMLASchedMeta"]
     return meta
+
+
+@pytest.mark.parametrize("op", ["sparse_decode_fwd", "sparse_prefill_fwd"])
+def test_fake_ops_take_the_compiled_schema(op):
+    """The fake's ops take the arguments the schema registered by vLLM's _flashmla_C.abi3.so
+    declares (read from the library's bytes: it cannot be loaded without a GPU driver)."""
+    import os
+    import re
+
+    import vllm
+
+    with open(os.path.join(os.path.dirname(vllm.__file__), "_flashmla_C.abi3.so"), "rb") as f:
+        blob = f.read()
+    (schema,) = set(re.findall(rb"\b" + op.encode() + rb"\(([^()]*(?:\([a-z]!?\)[^()]*)*)\)", blob))
+    names = [a.split()[-1].split("=")[0] for a in schema.decode().split(", ")]
+    params = list(inspect.signature(getattr(FakeOps, op)).parameters)[1:]
+    assert len(params) == len(names), (names, params)
