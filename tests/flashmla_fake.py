@@ -32,7 +32,7 @@ class FakeOps:
         self.calls: list[tuple[str, dict]] = []
         self.issued: list[tuple[torch.Tensor, torch.Tensor]] = []  # scheduler metadata handed out
 
-    def sparse_prefill_fwd(self, q, kv, indices, sm_scale, d_v, attn_sink, topk_length, out):
+    def sparse_prefill_fwd(self, q, kv, indices, sm_scale, d_v, attn_sink, topk_length, out_):
         assert q.dim() == 3 and kv.dim() == 3 and indices.dim() == 3
         s_q, h_q, d_qk = q.shape
         assert q.dtype == torch.bfloat16 and kv.dtype == torch.bfloat16
@@ -40,7 +40,7 @@ class FakeOps:
         assert d_qk == D_QK and d_v == D_V and h_q in (64, 128), (tuple(q.shape), d_v)
         assert kv.shape[1:] == (1, D_QK) and indices.shape[:2] == (s_q, 1)
         assert q.stride(-1) == 1 and kv.stride(-1) == 1 and indices.stride(-1) == 1
-        assert attn_sink is None and out is None
+        assert attn_sink is None and out_ is None
         if topk_length is not None:
             assert topk_length.dtype == torch.int32 and topk_length.shape == (s_q,)
             assert topk_length.is_contiguous()
@@ -58,20 +58,21 @@ class FakeOps:
     def sparse_decode_fwd(
         self,
         q,
-        k_cache,
+        kv,
         indices,
         topk_length,
         attn_sink,
         tile_scheduler_metadata,
         num_splits,
-        extra_k_cache,
+        extra_kv,
         extra_indices,
         extra_topk_length,
-        head_dim_v,
-        softmax_scale,
-        out,
+        d_v,
+        sm_scale,
+        out_,
         enable_batch_invariant,
     ):
+        k_cache, head_dim_v, softmax_scale = kv, d_v, sm_scale
         assert q.dim() == 4 and k_cache.dim() == 4 and indices.dim() == 3
         b, s_q, h_q, d_qk = q.shape
         assert q.dtype == torch.bfloat16 and indices.dtype == torch.int32
@@ -81,8 +82,8 @@ class FakeOps:
         assert k_cache.stride(1) == ROW_BYTES and k_cache.stride(-1) == 1
         assert indices.shape[:2] == (b, s_q) and indices.stride(-1) == 1
         assert q.stride(-1) == 1
-        assert topk_length is None and attn_sink is None and extra_k_cache is None
-        assert extra_indices is None and extra_topk_length is None and out is None
+        assert topk_length is None and attn_sink is None and extra_kv is None
+        assert extra_indices is None and extra_topk_length is None and out_ is None
         assert not enable_batch_invariant
         if tile_scheduler_metadata is None:  # first call: computes the metadata
             assert num_splits is None

@@ -159,7 +159,7 @@ def _sched_meta(call):
 
 @pytest.mark.parametrize("op", ["sparse_decode_fwd", "sparse_prefill_fwd"])
 def test_fake_ops_take_the_compiled_schema(op):
-    """The fake's ops take the arguments the schema registered by vLLM's _flashmla_C.abi3.so
+    """The fake's ops take the arguments (names, order) the schema registered by vLLM's _flashmla_C.abi3.so
     declares (read from the library's bytes: it cannot be loaded without a GPU driver)."""
     import os
     import re
@@ -171,4 +171,4 @@ def test_fake_ops_take_the_compiled_schema(op):
     (schema,) = set(re.findall(rb"\b" + op.encode() + rb"\(([^()]*(?:\([a-z]!?\)[^()]*)*)\)", blob))
     names = [a.split()[-1].split("=")[0] for a in schema.decode().split(", ")]
     params = list(inspect.signature(getattr(FakeOps, op)).parameters)[1:]
-    assert len(params) == len(names), (names, params)
+    assert params == names
