@@ -27,8 +27,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--compare",
         choices=["flashmla"],
-        help="also check and time FlashMLA on the same inputs, as vLLM 0.33 calls it (exit 2 "
-        "when it cannot be imported)",
+        help="also check and time FlashMLA on the same inputs, as vLLM 0.33 calls it, and print "
+        "ours/FlashMLA; a FlashMLA failure counts as a failed case; exit 2 if it cannot be imported",
     )
 
 
