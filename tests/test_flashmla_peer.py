@@ -262,3 +262,24 @@ def test_smoke_cases_on_cpu_with_fake(monkeypatch, name):
     monkeypatch.setattr(smoke, "time_graph", lambda run: 1.0)
     rec = smoke.run_one(name, smoke.CASES[name], FakeInterface(), CPU)
     assert rec["passed"] and "error" not in rec and rec["err"] < 1.5e-2 and rec["us"] == 1.0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="FlashMLA runs on SM90/SM100")
+def test_bench_compare_flashmla_one_shape(tmp_path):
+    """On a GPU with FlashMLA importable (PYTHONPATH=src:.fmla): both formats' peer rows are
+    checked, timed and in the JSON."""
+    try:
+        flashmla.load()
+    except flashmla.PeerUnavailable as e:
+        pytest.skip(str(e))
+    js = tmp_path / "b.json"
+    argv = ["bench", "--decode", "4", "--heads", "16", "--no-prefill", "--compare", "flashmla"]
+    assert main([*argv, "--json", str(js)]) == 0
+    import json
+
+    data = json.loads(js.read_text())
+    assert data["environment"]["flashmla"].endswith("flash_mla_interface.py")
+    peers = data["peers"]
+    assert [p["kv_format"] for p in peers] == ["auto", "fp8_ds_mla"]
+    for p in peers:
+        assert p["passed"] and p["error"] is None and p["us"] > 0 and p["ratio"] > 0
