@@ -8,6 +8,7 @@ tests/vllm/test_flashmla_vllm.py compares the same layouts with vLLM's own helpe
 
 from __future__ import annotations
 
+import json
 import sys
 
 import pytest
@@ -275,8 +276,6 @@ def test_bench_compare_flashmla_one_shape(tmp_path):
     js = tmp_path / "b.json"
     argv = ["bench", "--decode", "4", "--heads", "16", "--no-prefill", "--compare", "flashmla"]
     assert main([*argv, "--json", str(js)]) == 0
-    import json
-
     data = json.loads(js.read_text())
     assert data["environment"]["flashmla"].endswith("flash_mla_interface.py")
     peers = data["peers"]
