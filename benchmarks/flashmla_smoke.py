@@ -43,6 +43,9 @@ CASES = {
     "kvcache-h128": Case(
         "kvcache fp8 T=4 H=128 (4 x 1)", 4, 128, TOPK, ROWS, kv_format="fp8_ds_mla"
     ),
+    "kvcache-prefill-h16": Case(
+        "kvcache fp8 prefill T=600 H=16 (1 x 600)", 600, 16, TOPK, ROWS, kv_format="fp8_ds_mla"
+    ),
     "kvcache-h16-holes": Case(
         "kvcache fp8 T=4 H=16, -1 and past-cache",
         4,

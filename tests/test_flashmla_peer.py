@@ -182,29 +182,36 @@ def test_prepare_call_rejects_bad_input():
 
 
 def test_unsupported_cases():
-    bf16 = torch.bfloat16
-    assert flashmla.unsupported("auto", bf16, 576, decode=True) is None
-    assert flashmla.unsupported("auto", bf16, 576, decode=False) is None
-    assert flashmla.unsupported("fp8_ds_mla", bf16, 576, decode=True) is None
-    assert "prefill" in flashmla.unsupported("fp8_ds_mla", bf16, 576, decode=False)
-    assert "bf16" in flashmla.unsupported("auto", torch.float16, 576, decode=True)
-    assert "576" in flashmla.unsupported("auto", bf16, 512, decode=True)
-    assert "fp8" in flashmla.unsupported("fp8", bf16, 576, decode=True)
+    bf16, u = torch.bfloat16, flashmla.unsupported
+    assert u("auto", bf16, 576, 16, decode=True) is None
+    assert u("auto", bf16, 576, 128, decode=False) is None
+    assert u("fp8_ds_mla", bf16, 576, 128, decode=True) is None
+    assert u("fp8_ds_mla", bf16, 576, 31, decode=False) is None  # vLLM's mixed batch
+    assert "upconversion" in u("fp8_ds_mla", bf16, 576, 32, decode=False)
+    assert "bf16" in u("auto", torch.float16, 576, 16, decode=True)
+    assert "576" in u("auto", bf16, 512, 16, decode=True)
+    assert "fp8" in u("fp8", bf16, 576, 16, decode=True)
 
 
 SMALL = dict(topk=128, rows=1024)
 
 
-@pytest.mark.parametrize("kv_format", ["auto", "fp8_ds_mla"])
-def test_run_flashmla_checks_the_peer(kv_format):
+@pytest.mark.parametrize(
+    "kv_format,tokens,call",
+    [
+        ("auto", 3, "sparse_fwd h64"),
+        ("fp8_ds_mla", 3, "kvcache fp8 h64 b1xs3"),
+        ("fp8_ds_mla", 600, "kvcache fp8 h64 b1xs600"),  # a prefill, checked on a sample
+    ],
+)
+def test_run_flashmla_checks_the_peer(kv_format, tokens, call):
     """The bench's peer row: checked against the same reference and tolerance as our row."""
-    case = Case("decode", 3, 16, kv_format=kv_format, holes=True, **SMALL)
+    case = Case("c", tokens, 16, kv_format=kv_format, holes=True, **SMALL)
     prepared = prepare(case, CPU)
-    ours = Result(case.name, kv_format, "bfloat16", 3, 16, 128, "-", 0.0, True, us=10.0)
+    ours = Result(case.name, kv_format, "bfloat16", tokens, 16, 128, "-", 0.0, True, us=10.0)
     res = run_flashmla(case, CPU, prepared, ours, FakeInterface())
-    assert res.passed and res.error is None and res.err < 1.5e-2
+    assert res.passed and res.error is None and res.err < 1.5e-2 and res.call == call
     assert res.us is None and res.ratio is None and res.ours_us == 10.0  # CPU: never timed
-    assert res.call.startswith("sparse_fwd" if kv_format == "auto" else "kvcache fp8")
 
 
 def test_run_flashmla_reports_wrong_or_broken_peers():
@@ -228,7 +235,7 @@ def test_run_flashmla_reports_wrong_or_broken_peers():
     assert res.error == "RuntimeError: CUDA error: an illegal memory access was encountered"
     for skipped in (
         Case("fp16", 2, 8, dtype=torch.float16, **SMALL),
-        Case("prefill", 600, 8, kv_format="fp8_ds_mla", **SMALL),
+        Case("prefill", 600, 32, kv_format="fp8_ds_mla", **SMALL),
         Case("fp8", 2, 8, kv_format="fp8", **SMALL),
     ):
         assert run_flashmla(skipped, CPU, (None, None), ours, Broken()) is None

@@ -254,7 +254,7 @@ def run_flashmla(
     from .peers import flashmla
 
     inp, ref = prepared
-    if flashmla.unsupported(case.kv_format, case.dtype, 512 + case.rope, case.decode):
+    if flashmla.unsupported(case.kv_format, case.dtype, 512 + case.rope, case.heads, case.decode):
         return None
     res = PeerResult(
         "flashmla",

@@ -16,7 +16,7 @@ bf16 cache, decode and prefill alike (``_forward_bf16_kv`` -> ``_bf16_flash_mla_
         topk_length=topk_length,  # int32 [T]: how many of a token's indices are valid
     )                 # out bf16 [T, Hp, 512]; vLLM keeps out[:, :H]
 
-fp8_ds_mla cache, decode (``_fp8_flash_mla_kernel``)::
+fp8_ds_mla cache, decode (and prefill below 32 heads; ``_fp8_flash_mla_kernel``)::
 
     out, lse = flash_mla_with_kvcache(
         q=q,                          # bf16 [B, S, Hp, 576], Hp = 64 if H <= 64 else 128,
@@ -31,8 +31,9 @@ fp8_ds_mla cache, decode (``_fp8_flash_mla_kernel``)::
         softmax_scale=softmax_scale,
     )                                 # out bf16 [B, S, Hp, 512]; vLLM keeps the first H heads
 
-Below 32 heads vLLM runs all tokens as one sequence (``B = 1, S = T``, its "mixed batch" mode);
-from 32 heads, decode runs one token per request (``B = T, S = 1``).
+Below 32 heads vLLM runs all tokens, prefill ones included, as one sequence (``B = 1, S = T``,
+its "mixed batch" mode); from 32 heads decode runs one token per request (``B = T, S = 1``) and
+prefill runs sparse_fwd on a bf16 upconversion of the cache (not reproduced here).
 
 Indices given here are flat rows of the paged cache (row ``i`` = block ``i // page``, slot
 ``i % page``), which is what vLLM's index conversion makes of request-local positions; an entry
@@ -83,8 +84,15 @@ def load() -> ModuleType:
         ) from e
 
 
-def unsupported(kv_format: str, dtype: torch.dtype, width: int, decode: bool) -> str | None:
-    """Why FlashMLA has no counterpart for this case as vLLM 0.33 runs it, or None if it has."""
+def unsupported(
+    kv_format: str, dtype: torch.dtype, width: int, heads: int, decode: bool
+) -> str | None:
+    """Why this case has no FlashMLA counterpart here, or None if it has one.
+
+    An fp8_ds_mla prefill has one below 32 heads only: there vLLM's mixed batch runs the prefill
+    tokens through the fp8 decode kernel as well; from 32 heads it upconverts the cache to bf16
+    with its own CUDA op and calls sparse_fwd, which is not reproduced here.
+    """
     if dtype != torch.bfloat16:
         return f"FlashMLA takes bf16 queries only, the case has {dtype}"
     if width != HEAD_DIM:
@@ -92,7 +100,9 @@ def unsupported(kv_format: str, dtype: torch.dtype, width: int, decode: bool) ->
     if kv_format == "auto":
         return None
     if kv_format == "fp8_ds_mla":
-        return None if decode else "FlashMLA has no fp8_ds_mla prefill (vLLM upconverts to bf16)"
+        if decode or heads < FP8_MIXED_BATCH_BELOW_HEADS:
+            return None
+        return "vLLM runs an fp8_ds_mla prefill from 32 heads on a bf16 upconversion of the cache"
     return f"FlashMLA has no kv_format {kv_format!r}"
 
 
