@@ -9,7 +9,8 @@ What vLLM 0.33 passes (vllm/v1/attention/backends/mla/flashmla_sparse.py), repro
 bf16 cache, decode and prefill alike (``_forward_bf16_kv`` -> ``_bf16_flash_mla_kernel``)::
 
     out, max_logits, lse = flash_mla_sparse_fwd(
-        q,            # bf16 [T, Hp, 576], Hp = H rounded up to a multiple of 64
+        q,            # bf16 [T, Hp, 576], Hp = H rounded up to a multiple of 64 (zeros in the
+                      # padded heads here; vLLM leaves whatever its buffer held: dropped anyway)
         kv,           # bf16 [rows, 1, 576]: the paged cache as flat rows
         indices,      # int32 [T, 1, W]: per token the valid rows first, in order, then -1
         softmax_scale,
