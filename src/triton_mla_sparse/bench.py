@@ -218,3 +218,75 @@ def run_case(
     if time_reference:
         res.ref_us = time_events(ref_fn, reps=3, warmup=1)
     return res
+
+
+@dataclasses.dataclass
+class PeerResult:
+    """Another kernel on a case's inputs, checked against the same reference with the same
+    tolerance, then (if it passed) timed the same way; ``ratio`` = our µs / its µs."""
+
+    peer: str
+    case: str
+    kv_format: str
+    dtype: str
+    tokens: int
+    heads: int
+    call: str
+    err: float | None
+    passed: bool
+    us: float | None = None
+    ours_us: float | None = None
+    ratio: float | None = None
+    error: str | None = None
+
+
+def run_flashmla(
+    case: Case,
+    device: torch.device,
+    prepared: tuple[Inputs, torch.Tensor],
+    ours: Result,
+    fmla,
+    time_it: bool = True,
+) -> PeerResult | None:
+    """FlashMLA (``fmla``: ``peers.flashmla.load()``) on the inputs ``ours`` was measured on, as
+    vLLM 0.33 calls it; None where it has no counterpart. An exception or a failed check is
+    reported in the result and never timed."""
+    from .peers import flashmla
+
+    inp, ref = prepared
+    if flashmla.unsupported(case.kv_format, case.dtype, 512 + case.rope, case.heads, case.decode):
+        return None
+    res = PeerResult(
+        "flashmla",
+        case.name,
+        case.kv_format,
+        str(case.dtype).replace("torch.", ""),
+        case.tokens,
+        case.heads,
+        call="-",
+        err=None,
+        passed=False,
+        ours_us=ours.us,
+    )
+    try:
+        call = flashmla.prepare_call(
+            fmla,
+            inp.q,
+            inp.kv_cache,
+            inp.indices,
+            inp.scale,
+            case.kv_format,
+            valid_counts=inp.kwargs.get("valid_counts"),
+        )
+        res.call = call.label
+        out = call.run()  # also computes the fp8 decode's scheduler metadata, untimed
+        rows = check_rows(case)
+        res.err = rel_err(out if rows is None else out[rows.to(device)], ref)
+        res.passed = res.err <= TOLERANCE[case.dtype]
+        if time_it and res.passed and device.type == "cuda":
+            res.us = time_graph(call.run) if case.decode else time_events(call.run)
+            res.ratio = ours.us / res.us if ours.us else None
+    except Exception as e:  # a peer that breaks is reported, not fatal to the bench
+        res.passed = False
+        res.error = " ".join(f"{type(e).__name__}: {e}".split())[:300]
+    return res

@@ -69,6 +69,12 @@ def add_args(p: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="write a PNG of µs against tokens per head count (needs the plot extra: matplotlib)",
     )
+    p.add_argument(
+        "--compare",
+        choices=["flashmla"],
+        help="also check and time FlashMLA on the same inputs, as vLLM 0.33 calls it, and print "
+        "ours/FlashMLA; a FlashMLA failure counts as a failed case; exit 2 if it cannot be imported",
+    )
 
 
 def check_args(args: argparse.Namespace) -> str | None:
@@ -83,12 +89,21 @@ def main(args: argparse.Namespace) -> int:
     if problem:
         print(f"triton-mla-sparse bench: error: {problem}", file=sys.stderr)
         return 2
+    fmla = None
+    if args.compare == "flashmla":
+        from ..peers import flashmla
+
+        try:
+            fmla = flashmla.load()
+        except flashmla.PeerUnavailable as e:
+            print(e)
+            return 2
     device = gpu_device()
     if device is None:
         print("No GPU found: bench times CUDA/ROCm kernels only. `triton-mla-sparse verify` runs")
         print("the correctness checks on CPU through Triton's interpreter.")
         return 0
-    from ..bench import measure_ceilings, run_case
+    from ..bench import measure_ceilings, prepare, run_case, run_flashmla
     from ..workloads import Case
 
     env = environment()
@@ -106,16 +121,23 @@ def main(args: argparse.Namespace) -> int:
         if not args.no_prefill:
             for h in args.prefill_heads:
                 cases.append(Case(f"prefill T=4096 H={h}", 4096, h, rows=65536, kv_format=fmt))
-    results, failed = [], 0
+    results, failed, peers = [], 0, {}
     for case in cases:
-        res = run_case(case, device, ceil, time_reference=args.reference)
+        prepared = prepare(case, device) if fmla is not None else None
+        res = run_case(case, device, ceil, time_reference=args.reference, prepared=prepared)
         failed += not res.passed
         results.append(res)
-        print(
+        line = (
             f"  {res.kv_format:10s} {res.case:24s} err {res.err:.1e} "
-            f"{'pass' if res.passed else 'FAIL'} {num(res.us, '.1f')} us",
-            flush=True,
+            f"{'pass' if res.passed else 'FAIL'} {num(res.us, '.1f')} us"
         )
+        if fmla is not None:
+            peer = run_flashmla(case, device, prepared, res, fmla)
+            if peer is not None:
+                peers[len(results) - 1] = peer
+                failed += not peer.passed
+                line += f" | flashmla {_peer_cell(peer)} us, ours/flashmla {num(peer.ratio, '.2f')}"
+        print(line, flush=True)
     header = [
         "kv",
         "case",
@@ -130,8 +152,10 @@ def main(args: argparse.Namespace) -> int:
     ]
     if args.reference:
         header.append("ref us")
+    if fmla is not None:
+        header += ["flashmla call", "flashmla us", "ours/flashmla"]
     rows = []
-    for r in results:
+    for i, r in enumerate(results):
         row = [
             r.kv_format,
             r.case,
@@ -146,13 +170,23 @@ def main(args: argparse.Namespace) -> int:
         ]
         if args.reference:
             row.append(num(r.ref_us, ".0f"))
+        if fmla is not None:
+            p = peers.get(i)
+            row += ["-", "-", "-"] if p is None else [p.call, _peer_cell(p), num(p.ratio, ".2f")]
         rows.append(row)
     print()
     print(table(rows, header))
+    for p in peers.values():
+        if p.error:
+            print(f"flashmla {p.kv_format} {p.case}: {p.error}")
     dicts = [dataclasses.asdict(r) for r in results]
     if args.json:
+        doc = {"environment": env, "results": dicts}
+        if fmla is not None:
+            doc["environment"]["flashmla"] = getattr(fmla, "__file__", None)
+            doc["peers"] = [dataclasses.asdict(p) for p in peers.values()]
         with open(args.json, "w") as f:
-            json.dump({"environment": env, "results": dicts}, f, indent=1)
+            json.dump(doc, f, indent=1)
     if args.csv and dicts:
         with open(args.csv, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(dicts[0]))
@@ -161,6 +195,15 @@ def main(args: argparse.Namespace) -> int:
     if args.plot:
         _plot(results, args.plot, env)
     return 1 if failed else 0
+
+
+def _peer_cell(p) -> str:
+    """A peer's µs, or why it has none (failed check or error)."""
+    if p.error:
+        return "ERROR"
+    if not p.passed:
+        return f"FAIL {p.err:.1e}"
+    return num(p.us, ".1f")
 
 
 def _plot(results, path: str, env: dict) -> None:
