@@ -457,3 +457,21 @@ def test_too_many_heads():
             *[torch.zeros(4, dtype=torch.int32)] * 2,
             4,
         )
+
+
+# --- the bench's check path (timing needs a GPU) ---------------------------------------------
+
+
+def test_bench_check_paths():
+    """bench --indexer builds its inputs and checks them against the reference before timing."""
+    from triton_mla_sparse import bench_indexer as bi
+
+    for native in (True, False):
+        r = bi.bench_decode(3, 2, 32, 200, native, DEVICE, None)
+        assert r.passed and r.err < TOL, r
+        r = bi.bench_prefill(300, 32, native, DEVICE, None)
+        assert r.passed and r.err < TOL, r
+    if not HAS_GPU:  # sparse_mla in fp16 under the interpreter (bf16 is wrong there)
+        for fmt in ("auto", "fp8_ds_mla"):
+            res = bi.bench_layer(fmt, DEVICE, None, batch=2, ctx=256, topk=64, dtype=torch.float16)
+            assert [r.passed for r in res] == [True] * 4, res
