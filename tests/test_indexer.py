@@ -445,6 +445,14 @@ def test_prefill_validation(mutate, exc, match):
         mqa_logits(*args)
 
 
+def test_bad_config():
+    args = _paged_args()
+    with pytest.raises(ValueError, match="power-of-two rows"):
+        paged_mqa_logits(*args, config=IndexerConfig(3, 64, 128, 4, 2))
+    with pytest.raises(ValueError, match="power-of-two rows"):
+        paged_mqa_logits(*args, config=IndexerConfig(16, 64, 128, 4, 2))  # 16 x 32 heads > 256
+
+
 def test_too_many_heads():
     gen = torch.Generator().manual_seed(0)
     q = make_q((4, 256, D), "e4m3", gen)
