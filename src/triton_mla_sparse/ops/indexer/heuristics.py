@@ -70,8 +70,9 @@ def choose_paged_config(
 
     All next_n rows of a request share a program while ``rows * BLOCK_H <= 128`` (one dot of N =
     next_n * H against each K tile). The chunk is sized from the number of row groups alone
-    (the context length is data): about 4 programs per SM over a 32K context, at least 128
-    tokens and at most 2048 per program.
+    (the context length is data): about 4 programs per SM over a 32K context, at least two
+    steps and at most 2048 tokens per program. Accumulators stay at <= 64 x 128 or 128 x 64
+    fp32 (64 registers a thread at 4 warps).
     """
     bh = block_h_for(num_heads)
     rows = min(max(1, 128 // bh), 1 << (next_n - 1).bit_length())  # next_n 3 -> 4 (one masked)
@@ -79,13 +80,12 @@ def choose_paged_config(
     wide = q_dtype == torch.float32
     block_n = 32 if wide else 64
     if not wide and not _small_smem(arch) and rows * bh <= 64:
-        block_n = 128  # H <= 32 (one row) or 2 x 32: a 128 x 64 accumulator is 32 registers
+        block_n = 128  # <= 64 columns (H <= 32, or next_n 2 x 32): half the steps per token
     per_32k = max(1, 4 * arch.num_sms // groups)  # programs wanted per request over 32K tokens
     chunk = max(2 * block_n, min(2048, _pow2_floor(32768 // per_32k)))
     chunk = max(chunk, block_n)
-    warps = 8 if rows * bh * block_n >= 128 * 128 else 4
     stages = 2 if (wide or _small_smem(arch)) else 3
-    return IndexerConfig(rows, block_n, chunk, warps, stages)
+    return IndexerConfig(rows, block_n, chunk, 4, stages)
 
 
 def choose_mqa_config(
