@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import io
 import os
 import subprocess
@@ -79,7 +80,7 @@ def checks(device: torch.device, small: bool = False) -> list[str]:
             cl = (cl[:, None] - next_n + 1 + torch.arange(next_n, device=device)).to(torch.int32)
         cfg = choose_paged_config(batch, next_n, heads, q.dtype, arch)
         if not native:
-            cfg = bi.dataclasses.replace(cfg, fp8_native=False)
+            cfg = dataclasses.replace(cfg, fp8_native=False)
         out = torch.full((batch * next_n, mml), -7777.0, device=device)
         paged_mqa_logits(q, cache, w, cl, bt, mml, out=out, config=cfg)
         rows = bi.sample_rows(batch * next_n)
@@ -105,7 +106,7 @@ def checks(device: torch.device, small: bool = False) -> list[str]:
             args[0] = args[0].to(torch.float32).mul(2.0**-4).to(qd)
         cfg = choose_mqa_config(M, N, heads, args[0].dtype, arch)
         if not native:
-            cfg = bi.dataclasses.replace(cfg, fp8_native=False)
+            cfg = dataclasses.replace(cfg, fp8_native=False)
         out = torch.full((M, N), -7777.0, device=device)
         mqa_logits(*args, out=out, config=cfg)
         rows = bi.sample_rows(M)
@@ -127,13 +128,14 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--full", action="store_true")
     ap.add_argument("--skip-tests", action="store_true")
-    ap.add_argument("--small", action="store_true", help="CPU dry run (TRITON_INTERPRET=1)")
+    ap.add_argument("--small", action="store_true", help="CPU dry run under Triton's interpreter")
     a = ap.parse_args()
     out = Path(os.environ.get("OUT", "/tmp/out"))
     out.mkdir(parents=True, exist_ok=True)
     import triton
 
     if a.small:
+        os.environ["TRITON_INTERPRET"] = "1"  # before the first launch imports the kernels
         device = torch.device("cpu")
         (out / "env.txt").write_text(f"CPU dry run | triton {triton.__version__}\n")
     else:
@@ -149,7 +151,10 @@ def main() -> int:
     lines = checks(device, a.small)
     (out / "checks.txt").write_text("\n".join(lines) + "\n")
     ok &= all(line.startswith("pass") for line in lines)
-    print(f"[{time.time() - t0:.0f} s] checks done", flush=True)
+    print(
+        f"[{time.time() - t0:.0f} s] checks done; tests+checks {'ok' if ok else 'FAILED'}",
+        flush=True,
+    )
     buf = io.StringIO()
     args = argparse.Namespace(full=a.full, json=str(out / "indexer_bench.json"), no_prefill=False)
 
@@ -163,8 +168,7 @@ def main() -> int:
     if not a.small:
         with contextlib.redirect_stdout(Tee()):
             rc = bi.run(args)
-    (out / "bench.txt").write_text(buf.getvalue())
-    print(f"[{time.time() - t0:.0f} s] bench done; tests+checks {'ok' if ok else 'FAILED'}")
+    (out / "bench.txt").write_text(buf.getvalue() + f"[{time.time() - t0:.0f} s total]\n")
     return 0 if ok and rc == 0 else 1
 
 
