@@ -130,12 +130,15 @@ def main() -> int:
     ap.add_argument("--skip-tests", action="store_true")
     ap.add_argument("--small", action="store_true", help="CPU dry run under Triton's interpreter")
     a = ap.parse_args()
+    if a.small:  # must precede the first `import triton` (its jit picks the interpreter then)
+        if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+            raise SystemExit("run --small with TRITON_INTERPRET=1 set")
+        os.environ["TRITON_INTERPRET"] = "1"
     out = Path(os.environ.get("OUT", "/tmp/out"))
     out.mkdir(parents=True, exist_ok=True)
     import triton
 
     if a.small:
-        os.environ["TRITON_INTERPRET"] = "1"  # before the first launch imports the kernels
         device = torch.device("cpu")
         (out / "env.txt").write_text(f"CPU dry run | triton {triton.__version__}\n")
     else:
