@@ -539,3 +539,26 @@ def test_cuda_graph_capture_and_replay():
     pref = mqa_logits_reference(*pargs, compute_dtype=torch.float64)
     assert_close(pout, pref, "graph prefill")
     assert (pout[~torch.isfinite(pref)] == POISON).all()
+
+
+def test_indexer_cache_helpers_round_trip():
+    """quantize_indexer_k: power-of-two scale per token (vLLM's writer), amax maps to <= 448;
+    write_indexer_cache / unpack_indexer_cache round trip through a padded block stride."""
+    from triton_mla_sparse.kv_format import unpack_indexer_cache
+
+    gen = torch.Generator().manual_seed(9)
+    k = torch.randn(100, D, generator=gen) * torch.rand(100, 1, generator=gen) * 10
+    k[3] = 0.0  # amax floor 1e-4
+    k8, sc = quantize_indexer_k(k)
+    assert torch.equal(sc, torch.exp2(torch.log2(sc).round()))
+    assert (k8.float().abs().amax(1) <= 448).all()
+    assert (k8.float().abs().amax(1)[k.abs().amax(1) > 0] >= 224).all()  # the tightest scale
+    # round to nearest: half an ulp (3 mantissa bits), or half the subnormal step 2^-9
+    bound = torch.maximum(k.abs() * 2**-4, sc[:, None] * 2**-10)
+    assert ((k8.float() * sc[:, None] - k).abs() <= bound).all()
+    cache = make_cache(3, pad=16).cpu()
+    slots = torch.randperm(3 * PAGE, generator=gen)[:100]
+    write_indexer_cache(cache, slots, k8, sc)
+    vals, scales = unpack_indexer_cache(cache)
+    assert torch.equal(vals.reshape(-1, D)[slots], k8.float())
+    assert torch.equal(scales.reshape(-1)[slots], sc)
