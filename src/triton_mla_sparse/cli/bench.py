@@ -75,6 +75,12 @@ def add_args(p: argparse.ArgumentParser) -> None:
         help="also check and time FlashMLA on the same inputs, as vLLM 0.33 calls it, and print "
         "ours/FlashMLA; a FlashMLA failure counts as a failed case; exit 2 if it cannot be imported",
     )
+    p.add_argument(
+        "--indexer",
+        action="store_true",
+        help="bench the DSA indexer logits instead (decode, prefill, one DSA decode layer)",
+    )
+    p.add_argument("--full", action="store_true", help="with --indexer: the full decode grid")
 
 
 def check_args(args: argparse.Namespace) -> str | None:
@@ -103,6 +109,10 @@ def main(args: argparse.Namespace) -> int:
         print("No GPU found: bench times CUDA/ROCm kernels only. `triton-mla-sparse verify` runs")
         print("the correctness checks on CPU through Triton's interpreter.")
         return 0
+    if args.indexer:
+        from ..bench_indexer import run
+
+        return run(args)
     from ..bench import measure_ceilings, prepare, run_case, run_flashmla
     from ..workloads import Case
 
