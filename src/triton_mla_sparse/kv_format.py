@@ -131,3 +131,73 @@ __all__ = [
     "quantize_fp8",
     "unpack_fp8_ds_mla",
 ]
+
+
+# The DSA lightning indexer's K cache (vLLM's CUDA layout, non-shuffled): per block of
+# INDEXER_BLOCK_SIZE tokens, block_size x INDEXER_HEAD_DIM e4m3 values (token-major), then
+# block_size float32 scales. Value (block, off, d) at block*stride0 + off*128 + d; scale at
+# block*stride0 + block_size*128 + off*4. stride0 may exceed block_size * 132.
+INDEXER_HEAD_DIM = 128
+INDEXER_BLOCK_SIZE = 64
+INDEXER_SCALE_BYTES = 4
+INDEXER_ROW_BYTES = INDEXER_HEAD_DIM + INDEXER_SCALE_BYTES  # 132
+INDEXER_MIN_AMAX = 1e-4  # vLLM's floor on a token's amax before taking its scale
+
+
+def quantize_indexer_k(k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token e4m3 quantisation as vLLM's indexer writer does it.
+
+    ``k [..., 128]`` (any float dtype) -> ``(float8_e4m3fn [..., 128], float32 scales [...])`` with
+    ``scale = 2^ceil(log2(max(amax, 1e-4) / 448))`` and ``value = e4m3 * scale``.
+    """
+    amax = k.float().abs().amax(dim=-1).clamp_min(INDEXER_MIN_AMAX)
+    scale = torch.exp2(torch.ceil(torch.log2(amax / E4M3_MAX)))
+    q8 = (k.float() / scale[..., None]).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return q8, scale
+
+
+def indexer_cache_blocks(kv_cache: torch.Tensor) -> torch.Tensor:
+    """``uint8 [num_blocks, block_size * 132]`` view of an indexer cache given as
+    ``[num_blocks, block_size, 1, 132]`` or ``[num_blocks, block_size * 132]`` (block stride kept)."""
+    nb = kv_cache.shape[0]
+    width = kv_cache[0].numel()
+    return torch.as_strided(kv_cache, (nb, width), (kv_cache.stride(0), 1))
+
+
+def unpack_indexer_cache(
+    kv_cache: torch.Tensor, block_size: int = INDEXER_BLOCK_SIZE
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decode an indexer cache -> ``(values float32 [num_blocks, block_size, 128],
+    scales float32 [num_blocks, block_size])``; values are the raw e4m3 numbers (unscaled)."""
+    flat = indexer_cache_blocks(kv_cache.view(torch.uint8))
+    nb = flat.shape[0]
+    vals = flat[:, : block_size * INDEXER_HEAD_DIM].reshape(nb, block_size, INDEXER_HEAD_DIM)
+    vals = vals.contiguous().view(torch.float8_e4m3fn).float()
+    scales = flat[:, block_size * INDEXER_HEAD_DIM : block_size * INDEXER_ROW_BYTES]
+    return vals, scales.contiguous().view(torch.float32).reshape(nb, block_size)
+
+
+def write_indexer_cache(
+    kv_cache: torch.Tensor, slots: torch.Tensor, k8: torch.Tensor, scales: torch.Tensor
+) -> None:
+    """Write tokens into an indexer cache: ``slots`` int ``[n]`` flat slot ids
+    (``block * block_size + offset``), ``k8`` e4m3 ``[n, 128]``, ``scales`` float32 ``[n]``."""
+    flat = indexer_cache_blocks(kv_cache.view(torch.uint8))
+    block_size = flat.shape[1] // INDEXER_ROW_BYTES
+    blk, off = slots.long() // block_size, slots.long() % block_size
+    d = torch.arange(INDEXER_HEAD_DIM, device=flat.device)
+    flat[blk[:, None], off[:, None] * INDEXER_HEAD_DIM + d[None, :]] = k8.view(torch.uint8)
+    s = torch.arange(INDEXER_SCALE_BYTES, device=flat.device)
+    col = block_size * INDEXER_HEAD_DIM + off[:, None] * INDEXER_SCALE_BYTES + s[None, :]
+    flat[blk[:, None], col] = scales.float().contiguous().view(torch.uint8).view(-1, 4)
+
+
+__all__ += [
+    "INDEXER_BLOCK_SIZE",
+    "INDEXER_HEAD_DIM",
+    "INDEXER_ROW_BYTES",
+    "indexer_cache_blocks",
+    "quantize_indexer_k",
+    "unpack_indexer_cache",
+    "write_indexer_cache",
+]

@@ -102,3 +102,131 @@ def sparse_mla_reference(
     if return_lse:
         return result, lse.float()
     return result
+
+
+# --- DSA lightning indexer logits ------------------------------------------------------------
+# logit[r, s] = kscale[s] * sum_h weights[r, h] * ReLU(q[r, h] . k[s]). The references return the
+# whole [rows, width] float32 tensor with every column the kernel does not write set to -inf; with
+# ``out`` they write only the columns the kernel writes and return ``out``.
+
+
+def _as_float(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """e4m3 bytes (uint8 / float8_e4m3fn) or a float tensor -> ``dtype``."""
+    if x.dtype == torch.uint8:
+        x = x.view(torch.float8_e4m3fn)
+    return x.to(dtype)
+
+
+def indexer_row_lengths(
+    context_lens: torch.Tensor, next_n: int, max_model_len: int
+) -> torch.Tensor:
+    """Length of each logits row ``[B * next_n]`` (int64): ``context_lens[b] - next_n + j + 1`` for
+    a ``[B]`` tensor, ``context_lens[b, j]`` for ``[B, next_n]``; clamped to ``[0, max_model_len]``."""
+    cl = context_lens.long()
+    if cl.dim() == 1:
+        j = torch.arange(next_n, device=cl.device)
+        lens = cl[:, None] - next_n + j[None, :] + 1
+    else:
+        lens = cl
+    return lens.reshape(-1).clamp(0, max_model_len)
+
+
+def _finish(logits: torch.Tensor, written: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    if out is None:
+        return logits.float().masked_fill(~written, float("-inf"))
+    out[written] = logits.float()[written]
+    return out
+
+
+def paged_mqa_logits_reference(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    weights: torch.Tensor,
+    context_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    max_model_len: int,
+    *,
+    out: torch.Tensor | None = None,
+    compute_dtype: torch.dtype = torch.float32,
+    rows: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Reference of :func:`triton_mla_sparse.indexer.paged_mqa_logits` (float32 result).
+
+    Row ``b * next_n + j`` covers positions ``p < len`` (:func:`indexer_row_lengths`); position
+    ``p`` is slot ``p % block_size`` of block ``block_table[b, p // block_size]``. Positions past the
+    length, past the table, or whose table entry lies outside ``[0, num_blocks)`` are not written
+    (-inf without ``out``). ``rows`` (optional int64 ``[n]``) restricts the computation to those
+    logits rows and returns ``[n, max_model_len]`` (bench samples of big shapes).
+    """
+    from .kv_format import unpack_indexer_cache
+
+    B, next_n, H, D = q.shape
+    nb = kv_cache.shape[0]
+    block_size = kv_cache.shape[1] if kv_cache.dim() == 4 else kv_cache.shape[1] // (D + 4)
+    vals, scales = unpack_indexer_cache(kv_cache, block_size)
+    vals, scales = vals.to(compute_dtype), scales.to(compute_dtype)
+    lens = indexer_row_lengths(context_lens, next_n, max_model_len)
+    row_ids = torch.arange(B * next_n, device=q.device) if rows is None else rows.to(q.device)
+    qf = _as_float(q, compute_dtype).reshape(B * next_n, H, D)
+    w = weights.to(compute_dtype)
+    res = torch.zeros(len(row_ids), max_model_len, dtype=compute_dtype, device=q.device)
+    written = torch.zeros(len(row_ids), max_model_len, dtype=torch.bool, device=q.device)
+    pos = torch.arange(max_model_len, device=q.device)
+    max_blocks = block_table.shape[1]
+    for i, r in enumerate(row_ids.tolist()):
+        n = int(lens[r])
+        if n == 0:
+            continue
+        p = pos[:n]
+        page = p // block_size
+        ok = page < max_blocks
+        phys = torch.full_like(p, -1)
+        phys[ok] = block_table[r // next_n, page[ok]].long()
+        ok &= (phys >= 0) & (phys < nb)
+        phys, slot = phys[ok], (p % block_size)[ok]
+        k = vals[phys, slot]  # [n_ok, D]
+        s = torch.relu(k @ qf[r].T)  # [n_ok, H]
+        res[i, p[ok]] = (s @ w[r]) * scales[phys, slot]
+        written[i, p[ok]] = True
+    return _finish(res, written, out)
+
+
+def mqa_logits_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    k_scale: torch.Tensor,
+    weights: torch.Tensor,
+    cu_seqlen_ks: torch.Tensor,
+    cu_seqlen_ke: torch.Tensor,
+    max_seqlen_k: int,
+    *,
+    out: torch.Tensor | None = None,
+    compute_dtype: torch.dtype = torch.float32,
+    rows: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Reference of :func:`triton_mla_sparse.indexer.mqa_logits` (float32, compressed columns).
+
+    Row ``m``, column ``j`` is K row ``cu_seqlen_ks[m] + j`` for ``j < min(ke - ks, max_seqlen_k)``;
+    columns past that, or whose K row lies outside ``[0, N)``, are not written (-inf without
+    ``out``). ``rows`` restricts the computation to those rows (returns ``[n, max_seqlen_k]``).
+    """
+    M, H, D = q.shape
+    N = k.shape[0]
+    kf = _as_float(k, compute_dtype)
+    sc = k_scale.view(torch.float32).reshape(N).to(compute_dtype)
+    qf = _as_float(q, compute_dtype)
+    w = weights.to(compute_dtype)
+    ks, ke = cu_seqlen_ks.long(), cu_seqlen_ke.long()
+    row_ids = torch.arange(M, device=q.device) if rows is None else rows.to(q.device)
+    res = torch.zeros(len(row_ids), max_seqlen_k, dtype=compute_dtype, device=q.device)
+    written = torch.zeros(len(row_ids), max_seqlen_k, dtype=torch.bool, device=q.device)
+    col = torch.arange(max_seqlen_k, device=q.device)
+    for i, m in enumerate(row_ids.tolist()):
+        n = int((ke[m] - ks[m]).clamp(0, max_seqlen_k))
+        kr = ks[m] + col[:n]
+        ok = (kr >= 0) & (kr < N)
+        kk = kr[ok]
+        s = torch.relu(kf[kk] @ qf[m].T)  # [n_ok, H]
+        res[i, col[:n][ok]] = (s @ w[m]) * sc[kk]
+        written[i, col[:n][ok]] = True
+    return _finish(res, written, out)
