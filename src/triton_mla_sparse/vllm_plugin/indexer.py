@@ -427,7 +427,9 @@ def install(capability: tuple[int, int] | None = None, *, detect: bool = True) -
         cap = _device_capability() if detect else capability
         plan = indexer_plan(cap)
     except Exception as e:
-        logger.warning("triton_mla_sparse: DSA indexer path not planned: %s: %s", type(e).__name__, e)
+        logger.warning(
+            "triton_mla_sparse: DSA indexer path not planned: %s: %s", type(e).__name__, e
+        )
         return IndexerPlan(False, (), f"planning failed: {type(e).__name__}: {e}", ())
     if not plan.install:
         logger.info("triton_mla_sparse: DSA indexer: vLLM's own (%s)", plan.reason)
@@ -444,7 +446,9 @@ def install(capability: tuple[int, int] | None = None, *, detect: bool = True) -
                     extra,
                 )
         except Exception as e:  # a plugin must never take vLLM down
-            logger.error("triton_mla_sparse: DSA indexer install failed: %s: %s", type(e).__name__, e)
+            logger.error(
+                "triton_mla_sparse: DSA indexer install failed: %s: %s", type(e).__name__, e
+            )
 
     with _lock:
         if ATT in sys.modules:

@@ -24,9 +24,6 @@ INDEX_Q_EMULATE_FP8 = False
 INDEX_K_QUANT_BLOCK = 128
 INDEX_K_SCALE_FMT = "ue8m0"
 
-_FP8_DTYPES = tuple(
-    getattr(torch, n) for n in ("float8_e4m3fn", "float8_e4m3fnuz") if hasattr(torch, n)
-)
 _schedule: dict[tuple[torch.device, int], torch.Tensor] = {}
 
 
@@ -40,10 +37,7 @@ def _q_values(q: Any, fn: str) -> torch.Tensor:
             f"{fn}: MXFP4 index queries (q scales {tuple(scales.shape)}) are not supported by "
             "triton_mla_sparse's indexer (fp8/bf16 queries with the scale folded into weights)"
         )
-    if values.dtype in _FP8_DTYPES:
-        # e4m3 -> bf16 is exact; the kernels take bf16 queries
-        values = values.to(torch.bfloat16)
-    return values
+    return values  # e4m3 (SM89, stock fused_q) or bf16 (SM80/86, this plugin's fused_q)
 
 
 def fp8_fp4_mqa_logits(
