@@ -81,6 +81,7 @@ def index_q_rope_kernel(
         tl.store(p_o + 2 * o_r, (b_x1 * b_cos - b_x2 * b_sin).to(dt))
         tl.store(p_o + 2 * o_r + 1, (b_x2 * b_cos + b_x1 * b_sin).to(dt))
     else:
+        # (names differ from the branch above: Triton unifies variables across branches)
         i_ih = i_h - NUM_Q_HEADS
         o_d = tl.arange(0, IQ_DIM)
         m_rope = o_d < 2 * IQ_HALF
@@ -92,12 +93,12 @@ def index_q_rope_kernel(
             o_cs = o_d % IQ_HALF
             o_partner = tl.where(m_rope, o_d ^ IQ_HALF, o_d)
             b_sign = tl.where(o_d < IQ_HALF, -1.0, 1.0)
-        b_cos = tl.load(IqCosSin + i_pos * stride_ics + o_cs, mask=m_rope, other=1.0)
-        b_sin = tl.load(IqCosSin + i_pos * stride_ics + IQ_HALF + o_cs, mask=m_rope, other=0.0)
-        p_q = Iq + i_t * stride_it + i_ih * stride_ih
-        b_q = tl.load(p_q + o_d).to(tl.float32)
-        b_p = tl.load(p_q + o_partner).to(tl.float32)
-        b_r = b_q * b_cos.to(tl.float32) + b_sign * b_p * b_sin.to(tl.float32)
+        b_icos = tl.load(IqCosSin + i_pos * stride_ics + o_cs, mask=m_rope, other=1.0)
+        b_isin = tl.load(IqCosSin + i_pos * stride_ics + IQ_HALF + o_cs, mask=m_rope, other=0.0)
+        p_iq = Iq + i_t * stride_it + i_ih * stride_ih
+        b_q = tl.load(p_iq + o_d).to(tl.float32)
+        b_p = tl.load(p_iq + o_partner).to(tl.float32)
+        b_r = b_q * b_icos.to(tl.float32) + b_sign * b_p * b_isin.to(tl.float32)
         b_q = tl.where(m_rope, b_r, b_q)
         b_w = tl.load(W + i_t * stride_wt + i_ih * stride_wh).to(tl.float32) * w_scale
         if EMULATE_FP8:
@@ -106,6 +107,6 @@ def index_q_rope_kernel(
             b_s = tl.math.exp2(tl.math.ceil(tl.math.log2(tl.maximum(b_amax, 1e-4) / E4M3_MAX)))
             b_q = _round_e4m3(b_q / b_s)
             b_w = b_w * b_s
-        p_o = IqOut + i_t * stride_iot + i_ih * stride_ioh
-        tl.store(p_o + o_d, b_q.to(IqOut.dtype.element_ty))
+        p_io = IqOut + i_t * stride_iot + i_ih * stride_ioh
+        tl.store(p_io + o_d, b_q.to(IqOut.dtype.element_ty))
         tl.store(WOut + i_t * stride_wot + i_ih, b_w)
