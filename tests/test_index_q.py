@@ -91,6 +91,8 @@ def test_emulated_e4m3_matches_torch_bit_for_bit(interleave):
     pos, q_pe, iq, w = _inputs(T, H, Hi, torch.float32, seed=3)
     iq[0, 0] *= 1e-7  # amax below 1e-4: the floor of the scale rule
     iq[1, 1, 70:] = torch.linspace(-0.02, 0.02, 58)  # subnormal range after scaling
+    iq[2, 2, 64:] = 0.0
+    iq[2, 2, 64] = 448.0  # amax / 448 exactly a power of two (the scale stays 1)
     cs = rope_cache(50, 64, 4).float()
     _, out_iq, out_w = index_q_rope(
         pos.to(DEVICE),

@@ -104,8 +104,11 @@ def index_q_rope_kernel(
         if EMULATE_FP8:
             # vLLM's ue8m0 rule (kernels.py _fp8_ue8m0_quantize): 2^ceil(log2(max(amax,1e-4)/448))
             b_amax = tl.max(tl.abs(b_q), axis=0)
-            b_s = tl.math.exp2(tl.math.ceil(tl.math.log2(tl.maximum(b_amax, 1e-4) / E4M3_MAX)))
-            b_q = _round_e4m3(b_q / b_s)
+            # div_rn as vLLM: fp32 `/` lowers to an approximate division on NVIDIA, which can
+            # push amax / 448 over a power of two and double the scale
+            b_s = tl.div_rn(tl.maximum(b_amax, 1e-4), E4M3_MAX)
+            b_s = tl.math.exp2(tl.math.ceil(tl.math.log2(b_s)))
+            b_q = _round_e4m3(tl.div_rn(b_q, b_s))
             b_w = b_w * b_s
         p_io = IqOut + i_t * stride_iot + i_ih * stride_ioh
         tl.store(p_io + o_d, b_q.to(IqOut.dtype.element_ty))
