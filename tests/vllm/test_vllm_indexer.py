@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace as NS
 
 import pytest
 import torch
@@ -478,3 +479,45 @@ def test_kernels_module_is_the_contract():
     import triton_mla_sparse.indexer as ti
 
     assert callable(ti.paged_mqa_logits) and callable(ti.mqa_logits)
+
+
+# ---------------------------------------------------------------- pack_seq warm-up
+
+
+def _warmups(build) -> dict:
+    from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
+    from vllm.model_executor.warmup.jit_warmup import JitWarmupRegistry
+
+    cfg = VllmConfig(device_config=DeviceConfig(device="cpu"))
+    assert cfg.kernel_config.enable_jit_warmup
+    reg = JitWarmupRegistry(cfg)
+    with set_current_vllm_config(cfg), reg.activate():
+        op = build()
+    return op, reg._registrations
+
+
+def _indexer_op():
+    return sai.SparseAttnIndexer(
+        NS(prefix="l0.k_cache"), 128, "ue8m0", 2048, 128, 1024, 4096, torch.zeros(4, 2048)
+    )
+
+
+def test_out_of_tree_indexer_warms_pack_seq_in_the_model_dtype(clean):
+    """vLLM's SparseAttnIndexer registers an fp8 pack_seq warm-up (fails to compile on sm80/86
+    and aborts start-up); the plugin's class registers the same kernels with the query dtype its
+    fused_q produces (the model dtype; bf16 where no model config is set)."""
+    from vllm.v1.attention.ops.common import _PACK_SEQ_TRITON_KERNEL, _UNPACK_SEQ_TRITON_KERNEL
+
+    op, regs = _warmups(_indexer_op)
+    assert type(op) is sai.SparseAttnIndexer
+    assert regs[_PACK_SEQ_TRITON_KERNEL] == [
+        ((), {"dtype": torch.float8_e4m3fn, "pad_value": -float("inf")})
+    ]
+    inst.apply(inst.indexer_plan((8, 0), AUTO))
+    op, regs = _warmups(_indexer_op)
+    assert type(op) is op_registry_oot[inst.INDEXER_OP] and isinstance(op, sai.SparseAttnIndexer)
+    assert regs[_PACK_SEQ_TRITON_KERNEL] == [
+        ((), {"dtype": torch.bfloat16, "pad_value": -float("inf")})
+    ]
+    assert regs[_UNPACK_SEQ_TRITON_KERNEL] == [((), {})]
+    assert op.topk_tokens == 2048 and op.name == sai.SparseAttnIndexer.name  # vLLM's otherwise
