@@ -188,17 +188,19 @@ def test_another_out_of_tree_indexer_blocks_install(clean, monkeypatch):
 
 
 def test_register_installs_when_the_model_module_loads(tmp_path):
-    """A fresh process, as vLLM's: register() before the DSA module is imported; the import hook
-    installs once it has loaded (forced, since this machine has no CUDA device)."""
+    """A fresh process, as vLLM's: vLLM loads the plugin (entry point) before the DSA module is
+    imported; the import hook installs once it has loaded (forced: this machine has no GPU)."""
     code = f"""
 import logging
 import sys
 log = logging.getLogger("vllm.triton_mla_sparse")
 log.setLevel(logging.INFO)
 log.addHandler(logging.StreamHandler(sys.stdout))
+from vllm.plugins import load_general_plugins
+load_general_plugins()  # vLLM's own loader: the entry point calls register()
 import triton_mla_sparse.vllm_plugin as plugin
 from triton_mla_sparse.vllm_plugin import indexer as inst
-assert plugin.register()
+assert plugin.is_registered()
 assert "{inst.ATT}" not in sys.modules and inst.installed_targets() == ()
 import vllm.models.deepseek_v32.attention as att
 from triton_mla_sparse.vllm_plugin import indexer_glue as glue

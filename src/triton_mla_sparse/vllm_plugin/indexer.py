@@ -12,6 +12,11 @@ where vLLM's code looks them up at call time, with the adapters in :mod:`.indexe
 - SM89 (no DeepGEMM, Triton fp8 works): the logits and metadata targets only.
 - SM90/100/120: nothing (vLLM's own DeepGEMM path), unless forced.
 
+The metadata builder keeps calling ``has_deep_gemm()`` (True wherever the vendored DeepGEMM
+imports); only ``get_paged_mqa_logits_metadata`` is replaced, by zeros of the builder's buffer
+shape, so that vLLM's other DeepGEMM-keyed choices (decode flattening, native next_n, varlen)
+stay exactly what they are on that device, forced runs on an H200 included.
+
 ``TRITON_MLA_SPARSE_INDEXER``: ``auto`` (default) as above; ``triton`` installs the whole SM80/86
 set on any device (A/B runs of the SM80 path on an H200, CPU tests); ``off`` installs nothing.
 
