@@ -12,24 +12,9 @@ weight) with integer/float arithmetic only, so it compiles where Triton has no f
 import triton
 import triton.language as tl
 
+from ..common import _round_e4m3
+
 E4M3_MAX = tl.constexpr(448.0)
-# e4m3fn: smallest normal 2^-6, subnormal step 2^-9; 3 mantissa bits.
-E4M3_MIN_NORMAL = tl.constexpr(0.015625)
-E4M3_SUBNORMAL_STEP = tl.constexpr(0.001953125)
-# fp32 rounding constant: adding 1.5 * 2^23 rounds |x| < 2^22 to an integer, ties to even.
-RNE_MAGIC = tl.constexpr(12582912.0)
-
-
-@triton.jit
-def _round_e4m3(x):
-    # x (fp32, |x| <= 448) -> nearest e4m3fn value, ties to even, as fp32. Normals: clear the
-    # low 20 of fp32's 23 mantissa bits with round-to-nearest-even on the bit pattern (a carry
-    # into the exponent is the correct rounding); subnormals: round to a multiple of 2^-9.
-    bits = x.to(tl.int32, bitcast=True)
-    lsb = (bits >> 20) & 1
-    normal = ((bits + 0x7FFFF + lsb) & -0x100000).to(tl.float32, bitcast=True)
-    sub = ((x / E4M3_SUBNORMAL_STEP + RNE_MAGIC) - RNE_MAGIC) * E4M3_SUBNORMAL_STEP
-    return tl.where(tl.abs(x) < E4M3_MIN_NORMAL, sub, normal)
 
 
 @triton.jit
