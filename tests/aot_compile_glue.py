@@ -8,8 +8,10 @@ TRITON_INTERPRET. Jobs (JSON dicts):
 
 - ``{"kind": "index_q", "arch", "dtype", "interleave", "emulate_fp8"}``: ops/index_q.
 - ``{"kind": "vllm_fused_q", "arch"}``: vLLM's ``fused_q`` (bf16 MQA query, fp8 index query).
-- ``{"kind": "vllm_fused_norm_rope", "arch", "indexer_cache"}``: vLLM's ``fused_norm_rope`` with a
-  bf16 MLA cache, with or without the fp8 indexer-cache write.
+- ``{"kind": "vllm_fused_norm_rope", "arch", "indexer_cache", "mla"}``: vLLM's ``fused_norm_rope``
+  with or without the fp8 indexer-cache write, and a bf16 / fp8_ds_mla MLA cache or none
+  (``"split"``: float32 latent and rope out, as this plugin calls it).
+- ``{"kind": "mla_cache", "arch", "fmt"}``: ops/mla_cache (``fp8`` / ``fp8_ds_mla``).
 
 Usage: ``python aot_compile_glue.py JOBS.json RESULTS.json``; a result is ``{"shared": bytes}`` or
 ``{"error": text}`` per job.
@@ -100,9 +102,40 @@ def _record_vllm_fused_norm_rope(job: dict) -> list:
         indexer_k_cache=(
             torch.zeros(8, 64, 132, dtype=torch.uint8) if job["indexer_cache"] else None
         ),
-        mla_kv_cache=torch.zeros(8, 64, 576, dtype=bf),
-        mla_kv_cache_dtype="auto",
         index_k_out=None if job["indexer_cache"] else torch.zeros(T, 128),
+        **MLA_ARGS[job.get("mla", "bf16")](T),
+    )
+    return rec.calls
+
+
+# The MLA cache as vLLM passes it, or as the plugin does (no cache: float32 latent and rope out).
+MLA_ARGS = {
+    "bf16": lambda T: dict(
+        mla_kv_cache=torch.zeros(8, 64, 576, dtype=torch.bfloat16), mla_kv_cache_dtype="auto"
+    ),
+    "fp8_ds_mla": lambda T: dict(
+        mla_kv_cache=torch.zeros(8, 64, 656, dtype=torch.uint8), mla_kv_cache_dtype="fp8_ds_mla"
+    ),
+    "split": lambda T: dict(
+        mla_kv_cache=None, kv_c_out=torch.zeros(T, 512), k_pe_out=torch.zeros(T, 64)
+    ),
+}
+
+
+def _record_mla_cache(job: dict) -> list:
+    from triton_mla_sparse.ops.mla_cache import interface, launch
+
+    rec = _Recorder(launch.mla_cache_write_kernel)
+    launch.mla_cache_write_kernel = rec
+    T, fmt = 4, job["fmt"]
+    width = 656 if fmt == "fp8_ds_mla" else 576
+    interface.write_mla_cache(
+        torch.zeros(T, 512),
+        torch.zeros(T, 64),
+        torch.zeros(T, dtype=torch.int64),
+        torch.zeros(8, 64, width, dtype=torch.uint8),
+        fmt,
+        torch.ones(1) if fmt == "fp8" else None,
     )
     return rec.calls
 
@@ -111,13 +144,15 @@ RECORDERS = {
     "index_q": _record_index_q,
     "vllm_fused_q": _record_vllm_fused_q,
     "vllm_fused_norm_rope": _record_vllm_fused_norm_rope,
+    "mla_cache": _record_mla_cache,
 }
 
 
 def _kernel_slots() -> list[tuple[object, str]]:
     from triton_mla_sparse.ops.index_q import launch
+    from triton_mla_sparse.ops.mla_cache import launch as mla_launch
 
-    slots = [(launch, "index_q_rope_kernel")]
+    slots = [(launch, "index_q_rope_kernel"), (mla_launch, "mla_cache_write_kernel")]
     if any(j["kind"].startswith("vllm") for j in JOBS.values()):
         import vllm.models.deepseek_v32.common.kernels as vk
 

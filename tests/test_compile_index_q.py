@@ -1,7 +1,7 @@
-"""Ahead-of-time compilation of the index-q kernel (ops/index_q) for every target the project
-claims (heuristics.TARGETS: cuda 80/86/89/90/100/120, hip gfx942), without a GPU, through the
+"""Ahead-of-time compilation of the index-q kernel (ops/index_q) and the fp8 MLA cache writer
+(ops/mla_cache) for every target the project claims (heuristics.TARGETS: cuda 80/86/89/90/100/120, hip gfx942), without a GPU, through the
 launcher's real argument lists (tests/aot_compile_glue.py, the mechanism of tests/test_compile.py).
-It must compile where Triton has no fp8 types (sm80/86, and AMD's OCP e4m3), e4m3 emulation
+Both must compile where Triton has no fp8 types (sm80/86, and AMD's OCP e4m3), e4m3 emulation
 included, and fit each target's shared memory."""
 
 from __future__ import annotations
@@ -43,6 +43,13 @@ JOBS = {
     for a in TARGETS
     for dt, em, il in [("bf16", True, False), ("bf16", False, True), ("fp16", True, True)]
 }
+JOBS.update(
+    {
+        f"{arch_name(a)}-mla_cache-{fmt}": dict(kind="mla_cache", arch=arch_name(a), fmt=fmt)
+        for a in TARGETS
+        for fmt in ("fp8", "fp8_ds_mla")
+    }
+)
 SMEM = {arch_name(a): a.smem_bytes for a in TARGETS}
 
 
@@ -52,7 +59,7 @@ def compiled(tmp_path_factory) -> dict:
 
 
 @pytest.mark.parametrize("key", sorted(JOBS))
-def test_index_q_compiles_everywhere(compiled, key):
+def test_compiles_everywhere(compiled, key):
     r = compiled[key]
     assert "error" not in r, r.get("trace", r.get("error"))
     assert r["shared"] <= SMEM[JOBS[key]["arch"]]

@@ -95,7 +95,13 @@ def test_indexer_plan(cap, install, targets):
         None: (),
     }[targets]
     assert plan.targets == want
-    assert (inst.FP8_CACHE_BLOCKER in plan.blockers) is (cap < (8, 9))
+    assert plan.blockers == ()  # nothing known left where it installs, nor where vLLM's runs
+    off = inst.indexer_plan(cap, {inst.ENV: "off"})
+    if cap < (9, 0):  # without the plugin's path, vLLM's own stops there
+        assert any("DeepGEMM" in b for b in off.blockers)
+        assert (inst.FP8_CACHE_BLOCKER in off.blockers) is (cap < (8, 9))
+    else:
+        assert off.blockers == ()
     if not install:
         assert "DeepGEMM" in plan.reason
 
@@ -119,7 +125,7 @@ def test_indexer_plan_env_and_edges():
 def test_indexer_plan_without_the_kernels(monkeypatch):
     monkeypatch.setattr(inst, "_kernels_available", lambda: False)
     plan = inst.indexer_plan((8, 0), AUTO)
-    assert not plan.install and plan.targets == () and plan.blockers
+    assert not plan.install and plan.targets == () and inst.FP8_CACHE_BLOCKER in plan.blockers
 
 
 # ---------------------------------------------------------------- installation
@@ -298,17 +304,25 @@ def test_fused_q_matches_vllm_semantics(clean, dtype, interleave):
 
 def assert_equal_but_interpreter_e4m3_carry(ours: torch.Tensor, stock: torch.Tensor) -> None:
     """Equal, except where Triton 3.8's interpreter converts fp32 -> e4m3 wrongly in vLLM's
-    kernels: a value that rounds up across a power of two (127.1 -> 128, 31.3 -> 32) comes out
-    halved (64, 16). Only such entries may differ, and rarely (ours equal torch's conversion,
-    tests/test_index_q.py). On a GPU the hardware conversion is exact and all must be equal."""
+    kernels (seen here; ours equal torch's conversion bit for bit, tests/test_index_q.py and
+    tests/test_mla_cache.py): (a) a value that rounds up across a power of two (127.1 -> 128,
+    31.3 -> 32) comes out halved (64, 16); (b) a subnormal (|x| < 2^-6) is truncated toward zero
+    instead of rounded (4.51 * 2^-9 -> 4 * 2^-9, not 5). Only such entries may differ, and
+    rarely. On a GPU the hardware conversion is exact and all must be equal."""
     diff = ours != stock
     if torch.cuda.is_available():
         assert not diff.any()
         return
     assert diff.float().mean() < 0.05
-    bad = ours[diff]
-    assert torch.equal(bad.abs(), torch.exp2(torch.log2(bad.abs()).round()))
-    assert torch.equal(stock[diff] * 2, bad)
+    bad, theirs = ours[diff], stock[diff]
+    carry = (bad.abs() == torch.exp2(torch.log2(bad.abs()).round())) & (theirs * 2 == bad)
+    step = 2.0**-9
+    subnormal = (
+        (bad.abs() <= 2.0**-6)
+        & (bad.abs() - theirs.abs() == step)
+        & ((theirs == 0) | (torch.sign(theirs) == torch.sign(bad)))
+    )
+    assert (carry | subnormal).all(), (bad[~(carry | subnormal)], theirs[~(carry | subnormal)])
 
 
 @pytest.mark.parametrize("interleave", [False, True], ids=["neox", "interleaved"])
@@ -415,32 +429,54 @@ def _norm_rope_inputs(T=5, seed=0, dtype=torch.float32):
     )
 
 
+def _mla_cache(mla_dtype: str) -> torch.Tensor:
+    # block stride > 64 rows: other layers' pages between blocks, as vLLM allows
+    if mla_dtype == "auto":
+        return torch.zeros(4, 80, 576, dtype=torch.float16)[:, :64]
+    width = 656 if mla_dtype == "fp8_ds_mla" else 576
+    return torch.full((4, 80, width), 0x5A, dtype=torch.uint8)[:, :64]
+
+
+def _assert_mla_caches_equal(mine: torch.Tensor, stock: torch.Tensor, mla_dtype: str) -> None:
+    if mla_dtype == "auto":
+        assert torch.equal(mine, stock)
+        return
+    e4m3 = 512 if mla_dtype == "fp8_ds_mla" else 576
+    assert torch.equal(mine[..., e4m3:], stock[..., e4m3:])  # ds_mla scales and bf16 rope
+    as_f = lambda c: c[..., :e4m3].contiguous().view(torch.float8_e4m3fn).float()  # noqa: E731
+    assert_equal_but_interpreter_e4m3_carry(as_f(mine), as_f(stock))
+
+
+@pytest.mark.parametrize("mla_dtype", ["auto", "fp8_ds_mla", "fp8"])
 @pytest.mark.parametrize("interleave", [False, True], ids=["neox", "interleaved"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
-def test_fused_norm_rope_cache_bytes_match_the_fused_writer(clean, monkeypatch, interleave, dtype):
-    """vLLM's fused kernel writing the indexer cache itself (stock, SM89+) vs the plugin's split:
-    the same kernel without the cache, then the CUDA op (stood in by its torch port) on the
-    float32 K. Indexer cache bytes, MLA cache, q_c and the -1 top-k fill must all be equal (but
-    for the interpreter's e4m3 conversion bug in vLLM's fused store, see
-    assert_equal_but_interpreter_e4m3_carry: the scales and every other byte are exact)."""
+def test_fused_norm_rope_cache_bytes_match_the_fused_writer(
+    clean, monkeypatch, interleave, dtype, mla_dtype
+):
+    """vLLM's fused kernel writing both caches itself (stock, SM89+) vs the plugin's split: the
+    same kernel without the fp8 stores, then the CUDA op (stood in by its torch port) for the
+    indexer cache and the plugin's integer-e4m3 writer for an fp8 MLA cache. Both caches, q_c and
+    the -1 top-k fill must be equal (but for the interpreter's e4m3 conversion bug in vLLM's
+    fused stores, see assert_equal_but_interpreter_e4m3_carry: scales, rope and every other
+    byte are exact)."""
     from vllm import _custom_ops
 
     a = _norm_rope_inputs(dtype=dtype)
     slots = torch.tensor([3, 70, -1, 129, 64])  # one padding token
-    mla_shape = (4, 64, 576)
+    k_scale = torch.tensor([0.25])
 
     def run(fn):
-        # block stride > 64 * 132: other layers' pages between blocks, as vLLM allows
         cache = torch.full((4, 64 * 132 + 256), 0x5A, dtype=torch.uint8)[:, : 64 * 132]
         cache = cache.view(4, 64, 132)
-        mla = torch.zeros(mla_shape, dtype=torch.float16)
+        mla = _mla_cache(mla_dtype)
         buf = torch.zeros_like(a["topk_indices_buffer"])
         q_out = fn(
             **{**a, "topk_indices_buffer": buf},
             slot_mapping=slots,
             indexer_k_cache=cache,
             mla_kv_cache=mla,
-            mla_kv_cache_dtype="auto",
+            mla_kv_cache_dtype=mla_dtype,
+            mla_k_scale=k_scale,
             index_rope_interleave=interleave,
         )
         return cache, mla, buf, q_out
@@ -456,12 +492,17 @@ def test_fused_norm_rope_cache_bytes_match_the_fused_writer(clean, monkeypatch, 
     )
     assert torch.equal(s_mine, s_stock)
     assert_equal_but_interpreter_e4m3_carry(v_mine, v_stock)
-    assert torch.equal(mine[1], stock[1]) and torch.equal(mine[2], stock[2])
-    assert torch.equal(mine[3], stock[3])
+    _assert_mla_caches_equal(mine[1], stock[1], mla_dtype)
+    assert torch.equal(mine[2], stock[2]) and torch.equal(mine[3], stock[3])
     assert (stock[2] == -1).all()
     vals, scales = unpack_indexer_cache(stock[0])
     assert (scales.view(-1)[[3, 70, 129, 64]] > 0).all()  # written slots hold real scales
     assert torch.isfinite(vals).all()
+    if mla_dtype != "auto":  # the padding token's slot and unused slots untouched
+        flat = mine[1].reshape(-1, mine[1].shape[-1])
+        untouched = torch.ones(flat.shape[0], dtype=torch.bool)
+        untouched[[3, 70, 129, 64]] = False
+        assert (flat[untouched] == 0x5A).all()
 
 
 def test_fused_norm_rope_without_indexer_cache_is_vllms(clean, monkeypatch):

@@ -4,9 +4,9 @@ The reason this plugin replaces ``fused_q`` and splits ``fused_norm_rope`` on sm
 against the installed vLLM so that an upstream fix shows up here as a failure:
 
 - ``fused_q`` fails to compile for sm80/86 (fp8 index-query type) and compiles for sm89;
-- ``fused_norm_rope`` with the fp8 indexer-cache write fails for sm80/86, and compiles there
-  exactly as the plugin calls it (``indexer_k_cache=None``, a float32 ``index_k_out``, bf16 MLA
-  cache).
+- ``fused_norm_rope`` with the fp8 indexer-cache write or an fp8_ds_mla MLA cache fails for
+  sm80/86, and compiles there exactly as the plugin calls it (``indexer_k_cache=None``, a float32
+  ``index_k_out``; a bf16 MLA cache, or none with float32 ``kv_c_out``/``k_pe_out``).
 """
 
 from __future__ import annotations
@@ -31,6 +31,15 @@ JOBS = {
     "norm_rope_cache-86": dict(kind="vllm_fused_norm_rope", arch="cuda:86", indexer_cache=True),
     "norm_rope_split-80": dict(kind="vllm_fused_norm_rope", arch="cuda:80", indexer_cache=False),
     "norm_rope_split-86": dict(kind="vllm_fused_norm_rope", arch="cuda:86", indexer_cache=False),
+    "norm_rope_ds_mla-80": dict(
+        kind="vllm_fused_norm_rope", arch="cuda:80", indexer_cache=False, mla="fp8_ds_mla"
+    ),
+    "norm_rope_nocache-80": dict(
+        kind="vllm_fused_norm_rope", arch="cuda:80", indexer_cache=False, mla="split"
+    ),
+    "norm_rope_nocache-86": dict(
+        kind="vllm_fused_norm_rope", arch="cuda:86", indexer_cache=False, mla="split"
+    ),
     "norm_rope_cache-89": dict(kind="vllm_fused_norm_rope", arch="cuda:89", indexer_cache=True),
 }
 
@@ -42,7 +51,8 @@ def compiled(tmp_path_factory) -> dict:
 
 
 @pytest.mark.parametrize(
-    "key", ["fused_q-80", "fused_q-86", "norm_rope_cache-80", "norm_rope_cache-86"]
+    "key",
+    ["fused_q-80", "fused_q-86", "norm_rope_cache-80", "norm_rope_cache-86", "norm_rope_ds_mla-80"],
 )
 def test_vllm_kernel_still_needs_fp8_types(compiled, key):
     r = compiled[key]
@@ -53,7 +63,15 @@ def test_vllm_kernel_still_needs_fp8_types(compiled, key):
 
 
 @pytest.mark.parametrize(
-    "key", ["fused_q-89", "norm_rope_cache-89", "norm_rope_split-80", "norm_rope_split-86"]
+    "key",
+    [
+        "fused_q-89",
+        "norm_rope_cache-89",
+        "norm_rope_split-80",
+        "norm_rope_split-86",
+        "norm_rope_nocache-80",
+        "norm_rope_nocache-86",
+    ],
 )
 def test_vllm_kernel_compiles(compiled, key):
     r = compiled[key]

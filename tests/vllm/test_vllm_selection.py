@@ -119,9 +119,6 @@ OURS = "triton_mla_sparse.vllm_plugin.backend.TritonMLASparseBackend"
 @pytest.mark.parametrize("kv", ["auto", "bfloat16", "fp8_ds_mla"])
 @pytest.mark.parametrize("cap", [(8, 0), (8, 9), (9, 0), (10, 0), (12, 0)])
 def test_accepts_deepseek_v32_and_glm5(kv, cap, cpu_vllm_config):
-    if kv == "fp8_ds_mla" and cap < (8, 9):  # vLLM's fp8 cache writer needs sm89+
-        assert any("needs compute capability 8.9+" in r for r in _validate(cap, kv_cache_dtype=kv))
-        return
     assert _validate(cap, kv_cache_dtype=kv) == []
     assert _validate(cap, kv_cache_dtype=kv, dtype=torch.float16) == []
     assert _validate(cap, kv_cache_dtype=kv, block_size=128) == []
@@ -172,6 +169,7 @@ def test_rejects_with_readable_reasons(monkeypatch, cpu_vllm_config):
     "cap,kv",
     [
         ((8, 0), "auto"),
+        ((8, 0), "fp8_ds_mla"),
         ((8, 6), "auto"),
         ((8, 9), "bfloat16"),
         ((8, 9), "fp8_ds_mla"),
@@ -211,11 +209,17 @@ def test_native_backends_keep_priority(cuda_platform, monkeypatch, cpu_vllm_conf
 
 @pytest.mark.parametrize("kv", ["fp8", "fp8_e4m3", "fp8_ds_mla"])
 @pytest.mark.parametrize("cap", [(8, 0), (8, 6)])
-def test_fp8_caches_refused_below_sm89(cuda_platform, monkeypatch, cpu_vllm_config, cap, kv):
-    """vLLM's MLA cache writer (fused_norm_rope) quantises with Triton fp8 types (sm89+): the
-    backend refuses fp8 caches on sm80/86 with that reason instead of failing at the first write."""
+def test_fp8_caches_refused_below_sm89_without_the_writer(
+    cuda_platform, monkeypatch, cpu_vllm_config, cap, kv
+):
+    """vLLM's MLA cache writer (fused_norm_rope) quantises with Triton fp8 types (sm89+). With
+    the plugin's fp8-free writer planned (default) fp8 caches are accepted on sm80/86; with
+    TRITON_MLA_SPARSE_INDEXER=off the backend refuses them with that reason instead of failing
+    at the first write."""
     from vllm.v1.attention.backends.registry import AttentionBackendEnum as E
 
+    assert _validate(cap, kv_cache_dtype=kv) == []
+    monkeypatch.setenv("TRITON_MLA_SPARSE_INDEXER", "off")
     assert any("fused_norm_rope" in r for r in _validate(cap, kv_cache_dtype=kv))
     with pytest.raises(ValueError, match=r"needs compute capability 8\.9\+"):
         _select(cuda_platform, monkeypatch, cap, 16, kv, selected=E.CUSTOM)

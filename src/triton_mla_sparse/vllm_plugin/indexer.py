@@ -8,7 +8,8 @@ warm-up), which Triton compiles for SM89+ only. This module replaces exactly tho
 where vLLM's code looks them up at call time, with the adapters in :mod:`.indexer_glue`:
 
 - SM80/86 (no DeepGEMM, no Triton fp8): the logits and metadata targets, plus ``fused_q``,
-  ``fused_norm_rope`` and an out-of-tree ``SparseAttnIndexer`` (bf16 ``pack_seq`` warm-up).
+  ``fused_norm_rope`` (its fp8 indexer-cache and fp8 MLA-cache stores split out) and an
+  out-of-tree ``SparseAttnIndexer`` (bf16 ``pack_seq`` warm-up).
 - SM89 (no DeepGEMM, Triton fp8 works): the logits and metadata targets only.
 - SM90/100/120: nothing (vLLM's own DeepGEMM path), unless forced.
 
@@ -169,6 +170,7 @@ SIGNATURES: dict[str, tuple[tuple[str, Any], ...]] = {
     ),
 }
 
+# What stops DSA serving below SM89 when this plugin's fp8-free path is NOT installed.
 FP8_CACHE_BLOCKER = (
     "fp8 KV caches (--kv-cache-dtype fp8 / fp8_e4m3 / fp8_ds_mla): vLLM's MLA cache writer "
     "(fused_norm_rope) quantises with Triton fp8 types, which need SM89+; serve with "
@@ -198,6 +200,20 @@ def _deep_gemm_supported(cap: tuple[int, int]) -> bool:
     return cap == (9, 0) or cap[0] in (10, 12)
 
 
+def _stock_blockers(cap: tuple[int, int] | None) -> tuple[str, ...]:
+    """What stops vLLM's own DSA path on ``cap`` (when this plugin installs nothing)."""
+    if cap is None or cap < (8, 0) or _deep_gemm_supported(cap):
+        return ()
+    out = [f"vLLM's DSA indexer needs DeepGEMM, which vLLM does not run on SM{cap[0]}{cap[1]}"]
+    if cap < (8, 9):
+        out.append(
+            "vLLM's fused_q, fused_norm_rope (indexer cache) and pack_seq warm-up need Triton "
+            "fp8 types (SM89+)"
+        )
+        out.append(FP8_CACHE_BLOCKER)
+    return tuple(out)
+
+
 def _kernels_available() -> bool:
     try:
         return importlib.util.find_spec("triton_mla_sparse.indexer") is not None
@@ -220,7 +236,9 @@ def indexer_plan(
     if mode not in MODES:
         return IndexerPlan(False, (), f"{ENV}={raw!r} is not one of {', '.join(MODES)}", ())
     if mode == "off":
-        return IndexerPlan(False, (), f"{ENV}=off: vLLM's own indexer path is used", ())
+        return IndexerPlan(
+            False, (), f"{ENV}=off: vLLM's own indexer path is used", _stock_blockers(capability)
+        )
     from . import vllm_version_supported
 
     ok, why = vllm_version_supported()
@@ -238,8 +256,6 @@ def indexer_plan(
             )
         targets, reason = every, f"forced by {ENV}=triton on {cap_text}"
         blockers: tuple[str, ...] = ()
-        if capability is not None and capability < (8, 9):
-            blockers = (FP8_CACHE_BLOCKER,)
     elif capability is None:
         return IndexerPlan(False, (), "no CUDA device: vLLM's DSA CUDA path is not used", ())
     elif capability < (8, 0):
@@ -252,9 +268,10 @@ def indexer_plan(
         targets = every
         reason = (
             f"vLLM has no DeepGEMM on {cap_text} and Triton has no fp8 types below SM89: "
-            "Triton indexer logits, bf16 index query, indexer cache through vLLM's CUDA op"
+            "Triton indexer logits, bf16 index query, indexer cache through vLLM's CUDA op, "
+            "fp8 MLA caches through the plugin's integer-e4m3 writer"
         )
-        blockers = (FP8_CACHE_BLOCKER,)
+        blockers = ()
     else:
         targets = LOGITS_TARGETS
         reason = f"vLLM has no DeepGEMM on {cap_text}: Triton indexer logits on fp8 index queries"
@@ -264,7 +281,7 @@ def indexer_plan(
             False,
             (),
             "the Triton indexer kernels (triton_mla_sparse.indexer) are not installed",
-            ("DSA models need an indexer: triton_mla_sparse.indexer is missing",),
+            _stock_blockers(capability),
         )
     return IndexerPlan(True, targets, reason, blockers)
 

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from ..ops.index_q import index_q_rope
+from ..ops.mla_cache import write_mla_cache
 from . import indexer as _inst
 
 # The index query handed to the indexer on SM80/86. False: bf16 (the model dtype), unquantised;
@@ -23,6 +24,8 @@ INDEX_Q_EMULATE_FP8 = False
 # Index-K quantisation: one power-of-two (ue8m0) scale per 128 values, as the fused writer.
 INDEX_K_QUANT_BLOCK = 128
 INDEX_K_SCALE_FMT = "ue8m0"
+# vLLM MLA cache dtypes whose fused writer needs fp8 types -> this plugin's writer format
+FP8_MLA_FORMATS = {"fp8": "fp8", "fp8_e4m3": "fp8", "fp8_ds_mla": "fp8_ds_mla"}
 
 _schedule: dict[tuple[torch.device, int], torch.Tensor] = {}
 
@@ -200,13 +203,17 @@ def fused_norm_rope(
     index_k_out: torch.Tensor | None = None,
     skip_scale: bool = False,
 ) -> torch.Tensor:
-    """vLLM's ``fused_norm_rope`` (kernels.py:520) with the indexer-cache write split out.
+    """vLLM's ``fused_norm_rope`` (kernels.py:520) with its fp8 cache writes split out.
 
-    vLLM's kernel runs as is with ``indexer_k_cache=None`` (the fp8 store is what sm80/86 cannot
-    compile) and writes the normed, rotated index K in float32, the values its fused writer would
-    quantise; vLLM's CUDA op ``indexer_k_quant_and_cache`` (sm80 cubins, float32 input) then
-    writes the same 132-byte layout with the same rule: one ue8m0 scale
-    ``2^ceil(log2(max(amax, 1e-4) / 448))`` per token, e4m3 values ``k / scale``.
+    vLLM's kernel runs as is without the fp8 stores (what sm80/86 cannot compile) and hands out,
+    in float32, the values its fused writers would quantise:
+
+    - the normed, rotated index K: vLLM's CUDA op ``indexer_k_quant_and_cache`` (sm80 cubins,
+      float32 input) writes the same 132-byte layout with the same rule, one ue8m0 scale
+      ``2^ceil(log2(max(amax, 1e-4) / 448))`` per token, e4m3 values ``k / scale``;
+    - with an fp8 MLA cache (``fp8``, ``fp8_e4m3``, ``fp8_ds_mla``), the normed latent and
+      rotated rope: :func:`write_mla_cache` writes the row with the fused writer's rule and
+      integer e4m3 encoding. bf16/fp16 MLA caches stay in vLLM's kernel.
     """
     stock = _inst.original(f"{_inst.ATT}.fused_norm_rope")
     args = dict(
@@ -242,30 +249,50 @@ def fused_norm_rope(
         index_k_rope_cos_sin_cache,
         topk_indices_buffer,
     )
-    if indexer_k_cache is None or not has_indexer or index_k is None:
+    split_index = indexer_k_cache is not None and has_indexer and index_k is not None
+    mla_format = FP8_MLA_FORMATS.get(mla_kv_cache_dtype) if mla_kv_cache is not None else None
+    if not split_index and mla_format is None:
         return stock(*head, **args)
-    if indexer_cache_shuffled:
-        raise NotImplementedError(
-            "fused_norm_rope: the shuffled indexer-cache layout (ROCm) is not written here"
-        )
-    if index_k.shape[-1] != INDEX_K_QUANT_BLOCK:
-        raise ValueError(
-            f"fused_norm_rope: index_k must have {INDEX_K_QUANT_BLOCK} values per token "
-            f"(one scale each), got {tuple(index_k.shape)}"
-        )
-    k32 = torch.empty(index_k.shape, dtype=torch.float32, device=index_k.device)
-    args.update(indexer_k_cache=None, index_k_out=k32)
+    if split_index:
+        if indexer_cache_shuffled:
+            raise NotImplementedError(
+                "fused_norm_rope: the shuffled indexer-cache layout (ROCm) is not written here"
+            )
+        if index_k.shape[-1] != INDEX_K_QUANT_BLOCK:
+            raise ValueError(
+                f"fused_norm_rope: index_k must have {INDEX_K_QUANT_BLOCK} values per token "
+                f"(one scale each), got {tuple(index_k.shape)}"
+            )
+        k32 = torch.empty(index_k.shape, dtype=torch.float32, device=index_k.device)
+        args.update(indexer_k_cache=None, index_k_out=k32)
+    if mla_format is not None:
+        # the normed latent and rotated rope in float32, the values vLLM's writer quantises
+        kv32 = torch.empty(kv_c.shape, dtype=torch.float32, device=kv_c.device)
+        pe32 = torch.empty(k_pe.shape, dtype=torch.float32, device=k_pe.device)
+        args.update(mla_kv_cache=None, kv_c_out=kv32, k_pe_out=pe32)
     out = stock(*head, **args)
-    if index_k_out is not None:
-        index_k_out.copy_(k32)
-    slots = indexer_slot_mapping if indexer_slot_mapping is not None else slot_mapping
-    if slots is not None:
-        from vllm import _custom_ops as ops
+    if split_index:
+        if index_k_out is not None:
+            index_k_out.copy_(k32)
+        slots = indexer_slot_mapping if indexer_slot_mapping is not None else slot_mapping
+        if slots is not None:
+            from vllm import _custom_ops as ops
 
-        n = min(slots.shape[0], k32.shape[0])
-        ops.indexer_k_quant_and_cache(
-            k32[:n], indexer_k_cache, slots[:n], INDEX_K_QUANT_BLOCK, INDEX_K_SCALE_FMT
-        )
+            n = min(slots.shape[0], k32.shape[0])
+            ops.indexer_k_quant_and_cache(
+                k32[:n], indexer_k_cache, slots[:n], INDEX_K_QUANT_BLOCK, INDEX_K_SCALE_FMT
+            )
+    if mla_format is not None:
+        if kv_c_out is not None:
+            kv_c_out.copy_(kv32)
+        if k_pe_out is not None:
+            k_pe_out.copy_(pe32)
+        if slot_mapping is not None:
+            n = min(slot_mapping.shape[0], kv32.shape[0])
+            scale = None if skip_scale or mla_format != "fp8" else mla_k_scale
+            if scale is not None:
+                scale = scale.reshape(1).float()
+            write_mla_cache(kv32, pe32, slot_mapping[:n], mla_kv_cache, mla_format, scale)
     return out
 
 
