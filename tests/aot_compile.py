@@ -11,7 +11,9 @@ job's target.
 Usage: ``python aot_compile.py JOBS.json RESULTS.json``. A job is a dict with keys ``arch``
 (``"cuda:90"`` / ``"hip:gfx942"``), ``dtype``, ``fmt``, ``block_h``, ``block_n``, ``num_warps``,
 ``num_stages``, ``split``, ``rope``, ``has_counts``, ``has_bt``, ``store_lse`` and optionally
-``stage_dequant``. A result holds,
+``stage_dequant``; an indexer job has ``op`` ``"indexer_paged"`` / ``"indexer_mqa"``, ``arch``,
+``q`` (``e4m3``/``fp16``/``bf16``/``fp32``), ``heads``, ``next_n``, ``ctx_2d`` and the
+``IndexerConfig`` fields. A result holds,
 per kernel, ``shared`` bytes (or ``error`` text) and compile seconds.
 """
 
@@ -61,6 +63,58 @@ def _target(arch: str) -> GPUTarget:
     if backend == "hip":
         return GPUTarget("hip", cc, 64)
     return GPUTarget("cuda", int(cc), 32)
+
+
+Q_DTYPES = {"e4m3": torch.uint8, **DTYPES}
+
+
+def _record_indexer(job: dict) -> list:
+    """Run the indexer launcher on CPU tensors shaped like a vLLM call; return the recorded call."""
+    from triton_mla_sparse.ops.indexer import kernels as ikernels
+    from triton_mla_sparse.ops.indexer import launch as ilaunch
+    from triton_mla_sparse.ops.indexer.heuristics import IndexerConfig
+
+    backend, cc = job["arch"].split(":")
+    arch = Arch(backend, int(cc) if backend == "cuda" else cc)
+    cfg = IndexerConfig(
+        job["rows"], job["block_n"], job["chunk"], job["num_warps"], job["num_stages"]
+    )
+    qdt, H = Q_DTYPES[job["q"]], job["heads"]
+    if job["op"] == "indexer_paged":
+        B, next_n = 4, job["next_n"]
+        rec = _Recorder(ikernels.paged_mqa_logits_kernel)
+        ilaunch.paged_mqa_logits_kernel = rec
+        cl_shape = (B, next_n) if job["ctx_2d"] else (B,)
+        ilaunch.launch_paged_mqa_logits(
+            torch.zeros(B, next_n, H, 128, dtype=qdt),
+            torch.zeros(16, 64 * 132, dtype=torch.uint8),
+            torch.zeros(B * next_n, H),
+            torch.zeros(cl_shape, dtype=torch.int32),
+            torch.zeros(B, 32, dtype=torch.int32),
+            torch.zeros(B * next_n, 2048),
+            64,
+            arch.fp8_native,
+            True,
+            cfg,
+        )
+    else:
+        M, N = 64, 4096
+        rec = _Recorder(ikernels.mqa_logits_kernel)
+        ilaunch.mqa_logits_kernel = rec
+        ilaunch.launch_mqa_logits(
+            torch.zeros(M, H, 128, dtype=qdt),
+            torch.zeros(N, 128, dtype=torch.uint8),
+            torch.zeros(N),
+            torch.zeros(M, H),
+            torch.zeros(M, dtype=torch.int32),
+            torch.zeros(M, dtype=torch.int32),
+            torch.zeros(M, N),
+            arch.fp8_native,
+            True,
+            cfg,
+        )
+    assert len(rec.calls) == 1
+    return rec.calls
 
 
 def _record(job: dict) -> list:
@@ -173,7 +227,7 @@ def _source(fn, args, kwargs):
 def run_job(job: dict) -> dict:
     res = {}
     try:
-        calls = _record(job)
+        calls = _record_indexer(job) if job.get("op", "").startswith("indexer") else _record(job)
     except Exception:  # a launcher/kernel mismatch is a result, not a crash
         return {"record": {"error": traceback.format_exc(limit=3)}}
     for fn, args, kwargs in calls:

@@ -142,7 +142,87 @@ def make_jobs() -> dict[str, dict]:
     return jobs
 
 
-JOBS = make_jobs()
+def indexer_chosen(arch) -> set[tuple]:
+    """Every (op, q, rows, block_n, chunk, num_warps, num_stages, heads, next_n) the indexer
+    heuristics pick (heads and next_n kept only where the tile depends on them)."""
+    from triton_mla_sparse.ops.indexer.heuristics import (
+        block_h_for,
+        choose_mqa_config,
+        choose_paged_config,
+    )
+
+    out = set()
+    qd = {"e4m3": torch.uint8, "fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+    for q, h in itertools.product(qd, [16, 32, 64, 128]):
+        for b, n in itertools.product([1, 4, 16, 64, 128, 512], [1, 2, 3, 4]):
+            c = choose_paged_config(b, n, h, qd[q], arch)
+            out.add(
+                (
+                    "indexer_paged",
+                    q,
+                    c.rows,
+                    c.block_n,
+                    c.chunk,
+                    c.num_warps,
+                    c.num_stages,
+                    block_h_for(h),
+                    min(n, c.rows),
+                )
+            )
+        for m in (64, 4096):
+            c = choose_mqa_config(m, 32768, h, qd[q], arch)
+            out.add(
+                (
+                    "indexer_mqa",
+                    q,
+                    c.rows,
+                    c.block_n,
+                    c.chunk,
+                    c.num_warps,
+                    c.num_stages,
+                    block_h_for(h),
+                    1,
+                )
+            )
+    return out
+
+
+def make_indexer_jobs() -> dict[str, dict]:
+    """Full mode: every chosen indexer tile. Default, per target, (op, q dtype) and one row /
+    several rows per program (the head sum's reshape): the tile with the largest accumulator
+    (rows x heads x block_n, then stages); fp16 shares bf16's tiles."""
+    jobs = {}
+    for arch in TARGETS:
+        cfgs = sorted(indexer_chosen(arch))
+        if not FULL:
+            size = lambda c: (c[2] * c[7] * c[3], c[6], c[4])  # noqa: E731
+            groups = {(c[0], c[1], c[2] > 1) for c in cfgs if c[1] != "fp16"}
+            cfgs = [
+                max((c for c in cfgs if (c[0], c[1], c[2] > 1) == g), key=size)
+                for g in sorted(groups)
+            ]
+        for op, q, rows, bn, chunk, nw, ns, bh, nn in cfgs:
+            job = dict(
+                op=op,
+                arch=arch_name(arch),
+                q=q,
+                heads=bh,
+                next_n=nn,
+                ctx_2d=nn > 1,
+                rows=rows,
+                block_n=bn,
+                chunk=chunk,
+                num_warps=nw,
+                num_stages=ns,
+            )
+            key = f"{job['arch']}-{op}-{q}-r{rows}h{bh}n{bn}c{chunk}w{nw}s{ns}-nn{nn}"
+            jobs[key] = job
+    return jobs
+
+
+# TMS_COMPILE_ONLY=<substring>: compile only the jobs whose key contains it (e.g. "indexer")
+ONLY = os.environ.get("TMS_COMPILE_ONLY", "")
+JOBS = {k: v for k, v in {**make_jobs(), **make_indexer_jobs()}.items() if ONLY in k}
 SMEM = {arch_name(a): a.smem_bytes for a in TARGETS}
 
 
@@ -185,9 +265,15 @@ def test_compiles_and_fits_shared_memory(compiled, key):
     res = compiled[key]
     if "record" in res:
         pytest.fail(f"launcher/kernel signature mismatch: {res['record']}")
-    kernels = ["sparse_mla_fwd_kernel"] + (
-        ["sparse_mla_merge_kernel"] if JOBS[key]["split"] else []
-    )
+    op = JOBS[key].get("op")
+    if op == "indexer_paged":
+        kernels = ["paged_mqa_logits_kernel"]
+    elif op == "indexer_mqa":
+        kernels = ["mqa_logits_kernel"]
+    else:
+        kernels = ["sparse_mla_fwd_kernel"] + (
+            ["sparse_mla_merge_kernel"] if JOBS[key]["split"] else []
+        )
     limit = SMEM[JOBS[key]["arch"]]
     for name in kernels:
         r = res[name]
@@ -196,10 +282,15 @@ def test_compiles_and_fits_shared_memory(compiled, key):
         assert r["shared"] <= limit, f"{name} needs {r['shared']} B shared memory > {limit} B"
 
 
+@pytest.mark.skipif(bool(ONLY), reason="TMS_COMPILE_ONLY selects a subset")
 def test_job_set_covers_every_target_and_format():
     """The default set still covers each target with every format and both SPLIT values."""
     for a in TARGETS:
-        mine = [j for j in JOBS.values() if j["arch"] == arch_name(a)]
+        mine = [j for j in JOBS.values() if j["arch"] == arch_name(a) and "op" not in j]
         assert {j["fmt"] for j in mine} == {"auto", "fp8", "fp8_ds_mla"}
         assert {j["split"] for j in mine} == {True, False}
         assert {j["dtype"] for j in mine} == {"fp16", "bf16", "fp32"}
+        ind = [j for j in JOBS.values() if j["arch"] == arch_name(a) and "op" in j]
+        assert {(j["op"], j["q"]) for j in ind} >= {
+            (op, q) for op in ("indexer_paged", "indexer_mqa") for q in ("e4m3", "bf16", "fp32")
+        }

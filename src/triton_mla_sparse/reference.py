@@ -158,13 +158,12 @@ def paged_mqa_logits_reference(
     (-inf without ``out``). ``rows`` (optional int64 ``[n]``) restricts the computation to those
     logits rows and returns ``[n, max_model_len]`` (bench samples of big shapes).
     """
-    from .kv_format import unpack_indexer_cache
+    from .kv_format import indexer_cache_blocks
 
     B, next_n, H, D = q.shape
     nb = kv_cache.shape[0]
     block_size = kv_cache.shape[1] if kv_cache.dim() == 4 else kv_cache.shape[1] // (D + 4)
-    vals, scales = unpack_indexer_cache(kv_cache, block_size)
-    vals, scales = vals.to(compute_dtype), scales.to(compute_dtype)
+    blocks = indexer_cache_blocks(kv_cache.view(torch.uint8))  # [nb, block_size * (D + 4)]
     lens = indexer_row_lengths(context_lens, next_n, max_model_len)
     row_ids = torch.arange(B * next_n, device=q.device) if rows is None else rows.to(q.device)
     qf = _as_float(q, compute_dtype).reshape(B * next_n, H, D)
@@ -184,9 +183,15 @@ def paged_mqa_logits_reference(
         phys[ok] = block_table[r // next_n, page[ok]].long()
         ok &= (phys >= 0) & (phys < nb)
         phys, slot = phys[ok], (p % block_size)[ok]
-        k = vals[phys, slot]  # [n_ok, D]
+        # decode only the blocks this row reads (a long-context cache would not fit as floats)
+        used, inv = torch.unique(phys, return_inverse=True)
+        raw = blocks[used]
+        vals = raw[:, : block_size * D].reshape(-1, block_size, D).contiguous()
+        vals = vals.view(torch.float8_e4m3fn).to(compute_dtype)
+        scl = raw[:, block_size * D : block_size * (D + 4)].contiguous().view(torch.float32)
+        k = vals[inv, slot]  # [n_ok, D]
         s = torch.relu(k @ qf[r].T)  # [n_ok, H]
-        res[i, p[ok]] = (s @ w[r]) * scales[phys, slot]
+        res[i, p[ok]] = (s @ w[r]) * scl[inv, slot].to(compute_dtype)
         written[i, p[ok]] = True
     return _finish(res, written, out)
 

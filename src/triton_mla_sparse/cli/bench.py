@@ -24,6 +24,12 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="PATH", help="write results and environment as JSON")
     p.add_argument("--csv", metavar="PATH", help="write results as CSV")
     p.add_argument("--plot", metavar="PATH", help="write a PNG of µs against tokens per head count")
+    p.add_argument(
+        "--indexer",
+        action="store_true",
+        help="bench the DSA indexer logits instead (decode, prefill, one DSA decode layer)",
+    )
+    p.add_argument("--full", action="store_true", help="with --indexer: the full decode grid")
 
 
 def _ints(s: str) -> list[int]:
@@ -36,6 +42,10 @@ def main(args: argparse.Namespace) -> int:
         print("No GPU found: bench times CUDA/ROCm kernels only. `triton-mla-sparse verify` runs")
         print("the correctness checks on CPU through Triton's interpreter.")
         return 0
+    if args.indexer:
+        from ..bench_indexer import run
+
+        return run(args)
     from ..bench import measure_ceilings, run_case
     from ..workloads import Case
 

@@ -106,6 +106,30 @@ def _as_bytes(x: torch.Tensor) -> torch.Tensor:
     return x.view(torch.uint8) if x.dtype == torch.float8_e4m3fn else x
 
 
+def _check_config(cfg: IndexerConfig, H: int) -> None:
+    from .heuristics import MAX_DOT_N, block_h_for
+
+    def pow2(n: object) -> bool:
+        return isinstance(n, int) and n > 0 and n & (n - 1) == 0
+
+    ok = (
+        pow2(cfg.rows)
+        and pow2(cfg.block_n)
+        and cfg.block_n >= 16
+        and isinstance(cfg.chunk, int)
+        and cfg.chunk >= 1
+        and cfg.rows * block_h_for(H) <= MAX_DOT_N
+        and pow2(cfg.num_warps)
+        and isinstance(cfg.num_stages, int)
+        and cfg.num_stages >= 1
+    )
+    if not ok:
+        raise ValueError(
+            "config needs power-of-two rows, block_n >= 16 and num_warps, chunk >= 1, "
+            f"num_stages >= 1 and rows * padded heads <= {MAX_DOT_N}; got {cfg} for H={H}"
+        )
+
+
 def _flags(q: torch.Tensor, cfg: IndexerConfig) -> tuple[bool, bool]:
     arch = arch_of(q.device)
     native = arch.fp8_native if cfg.fp8_native is None else cfg.fp8_native
@@ -211,6 +235,7 @@ def paged_mqa_logits(
     from .launch import launch_paged_mqa_logits
 
     cfg = config or choose_paged_config(B, next_n, H, q.dtype, arch_of(device))
+    _check_config(cfg, H)
     native, mma = _flags(q, cfg)
     nb = kv_cache.shape[0]
     blocks = torch.as_strided(
@@ -292,6 +317,7 @@ def mqa_logits(
     from .launch import launch_mqa_logits
 
     cfg = config or choose_mqa_config(M, N, H, q.dtype, arch_of(device))
+    _check_config(cfg, H)
     native, mma = _flags(q, cfg)
     launch_mqa_logits(
         _as_bytes(q),

@@ -103,6 +103,7 @@ def paged_mqa_logits_kernel(
     num_blocks,
     max_blocks,
     max_len,
+    chunk,
     stride_qb,
     stride_qn,
     stride_qh,
@@ -121,7 +122,6 @@ def paged_mqa_logits_kernel(
     ROWS: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    CHUNK: tl.constexpr,
     CTX_2D: tl.constexpr,
     Q_FP8: tl.constexpr,
     FP8_NATIVE: tl.constexpr,
@@ -143,10 +143,10 @@ def paged_mqa_logits_kernel(
     b_len = tl.where(m_j, tl.minimum(tl.maximum(b_len, 0), max_len), 0)
     # positions past the table are neither read nor written
     n_pos = tl.minimum(tl.max(b_len, axis=0), max_blocks * PAGE)
-    p_lo = i_c * CHUNK
+    p_lo = i_c * chunk
     if p_lo >= n_pos:
         return
-    p_hi = tl.minimum(p_lo + CHUNK, n_pos)
+    p_hi = tl.minimum(p_lo + chunk, n_pos)
 
     b_qt, b_w = _load_q(
         Q,
@@ -215,6 +215,7 @@ def mqa_logits_kernel(
     N,
     H,
     max_len,
+    chunk,
     stride_qm,
     stride_qh,
     stride_qd,
@@ -229,7 +230,6 @@ def mqa_logits_kernel(
     ROWS: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    CHUNK: tl.constexpr,
     Q_FP8: tl.constexpr,
     FP8_NATIVE: tl.constexpr,
     FP8_MMA: tl.constexpr,
@@ -248,9 +248,9 @@ def mqa_logits_kernel(
     b_len = tl.where(m_m, tl.minimum(tl.maximum(b_ke - b_ks, 0), max_len), 0)
     b_end = b_ks + b_len
     m_live = b_len > 0
-    k_lo = tl.maximum(tl.min(tl.where(m_live, b_ks, N), axis=0), i_c * CHUNK)
+    k_lo = tl.maximum(tl.min(tl.where(m_live, b_ks, N), axis=0), i_c * chunk)
     k_lo = tl.maximum(k_lo, 0)
-    k_hi = tl.minimum(tl.max(tl.where(m_live, b_end, 0), axis=0), (i_c + 1) * CHUNK)
+    k_hi = tl.minimum(tl.max(tl.where(m_live, b_end, 0), axis=0), (i_c + 1) * chunk)
     k_hi = tl.minimum(k_hi, N)
     if k_lo >= k_hi:
         return
