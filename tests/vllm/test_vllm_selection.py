@@ -170,6 +170,7 @@ def test_rejects_with_readable_reasons(monkeypatch, cpu_vllm_config):
     [
         ((8, 0), "auto"),
         ((8, 0), "fp8_ds_mla"),
+        ((8, 6), "auto"),
         ((8, 9), "bfloat16"),
         ((8, 9), "fp8_ds_mla"),
         ((12, 0), "bfloat16"),
@@ -204,6 +205,25 @@ def test_native_backends_keep_priority(cuda_platform, monkeypatch, cpu_vllm_conf
         DeviceCapability(*cap), _selector(kv), num_heads=heads
     )
     assert valid[-1].backend is E.CUSTOM and len(valid) >= 2
+
+
+@pytest.mark.parametrize("kv", ["fp8", "fp8_e4m3", "fp8_ds_mla"])
+@pytest.mark.parametrize("cap", [(8, 0), (8, 6)])
+def test_fp8_caches_refused_below_sm89_without_the_writer(
+    cuda_platform, monkeypatch, cpu_vllm_config, cap, kv
+):
+    """vLLM's MLA cache writer (fused_norm_rope) quantises with Triton fp8 types (sm89+). With
+    the plugin's fp8-free writer planned (default) fp8 caches are accepted on sm80/86; with
+    TRITON_MLA_SPARSE_INDEXER=off the backend refuses them with that reason instead of failing
+    at the first write."""
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum as E
+
+    assert _validate(cap, kv_cache_dtype=kv) == []
+    monkeypatch.setenv("TRITON_MLA_SPARSE_INDEXER", "off")
+    assert any("fused_norm_rope" in r for r in _validate(cap, kv_cache_dtype=kv))
+    with pytest.raises(ValueError, match=r"needs compute capability 8\.9\+"):
+        _select(cuda_platform, monkeypatch, cap, 16, kv, selected=E.CUSTOM)
+    assert _validate((8, 9), kv_cache_dtype=kv) == []
 
 
 def test_explicit_choice_and_its_errors(cuda_platform, monkeypatch, cpu_vllm_config):

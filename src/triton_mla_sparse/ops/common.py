@@ -1,4 +1,5 @@
-"""@triton.jit helpers shared by the ops (sparse_mla, indexer): e4m3 decode, cheap division.
+"""@triton.jit helpers shared by the ops (sparse_mla, indexer, index_q, mla_cache): e4m3 decode and
+encode without fp8 types, cheap division.
 
 Only jit functions here: importing this module compiles nothing and touches no GPU.
 """
@@ -35,3 +36,39 @@ def _div_pow2(x, d, SHIFT: tl.constexpr):
     else:
         q = x // d
         return q, x - q * d
+
+
+# e4m3fn: smallest normal 2^-6, subnormal step 2^-9; 3 mantissa bits.
+E4M3_MIN_NORMAL = tl.constexpr(0.015625)
+E4M3_SUBNORMAL_STEP = tl.constexpr(0.001953125)
+# fp32 rounding constant: adding 1.5 * 2^23 rounds |x| < 2^22 to an integer, ties to even.
+RNE_MAGIC = tl.constexpr(12582912.0)
+
+
+@triton.jit
+def _round_e4m3(x):
+    # x (fp32, |x| <= 448) -> nearest e4m3fn value, ties to even, as fp32. Normals: clear the
+    # low 20 of fp32's 23 mantissa bits with round-to-nearest-even on the bit pattern (a carry
+    # into the exponent is the correct rounding); subnormals: round to a multiple of 2^-9.
+    # The sign is kept, also when a negative value rounds to zero (-0.0, as the hardware).
+    bits = x.to(tl.int32, bitcast=True)
+    lsb = (bits >> 20) & 1
+    normal = ((bits + 0x7FFFF + lsb) & -0x100000).to(tl.float32, bitcast=True)
+    a = tl.abs(x)
+    sub = ((a / E4M3_SUBNORMAL_STEP + RNE_MAGIC) - RNE_MAGIC) * E4M3_SUBNORMAL_STEP
+    sub = tl.where(bits < 0, -sub, sub)
+    return tl.where(a < E4M3_MIN_NORMAL, sub, normal)
+
+
+@triton.jit
+def _e4m3_byte(v):
+    # an fp32 value already on the e4m3fn grid (_round_e4m3, |v| <= 448) -> its e4m3fn byte
+    # (uint8), from the fp32 bit pattern: normals keep the top 3 mantissa bits and rebias the
+    # exponent (127 -> 7); subnormals (|v| < 2^-6) are k * 2^-9, byte k. The sign moves to bit 7.
+    bits = v.to(tl.int32, bitcast=True)
+    sign = (bits >> 24) & 0x80
+    exp = (bits >> 23) & 0xFF
+    normal = ((exp - 120) << 3) | ((bits >> 20) & 0x7)
+    sub = (tl.abs(v) * 512.0).to(tl.int32)
+    mag = tl.where(exp >= 121, normal, sub)
+    return (sign | mag).to(tl.uint8)

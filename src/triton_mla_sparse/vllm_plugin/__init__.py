@@ -16,6 +16,8 @@ What it registers:
 - on CUDA, a wrapper around vLLM's MLA priority list that appends ``CUSTOM`` last, so this
   backend is chosen automatically only where no native sparse MLA backend is valid.
   Set ``TRITON_MLA_SPARSE_AUTOSELECT=0`` to turn that off (explicit selection still works).
+- where vLLM has no DeepGEMM (SM80/86/89), the Triton DSA indexer path (:mod:`.indexer`;
+  ``TRITON_MLA_SPARSE_INDEXER=auto|triton|off``).
 """
 
 from __future__ import annotations
@@ -101,6 +103,14 @@ def register() -> bool:
         _state.update(done=True, registered=ok, reason=why)
         if ok:
             logger.info("triton_mla_sparse: %s", why)
+            # The DeepGEMM-free DSA indexer where vLLM has none (SM80/86/89); never raises,
+            # imports nothing until vLLM's DSA model module loads.
+            try:
+                from .indexer import install
+
+                install()
+            except Exception as e:
+                logger.warning("triton_mla_sparse: DSA indexer path skipped: %s", e)
         else:
             logger.warning("triton_mla_sparse: registered nothing: %s", why)
         return ok

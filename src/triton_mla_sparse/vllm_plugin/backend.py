@@ -46,6 +46,11 @@ KV_FORMAT_OF: dict[str, str] = {
     "fp8_e4m3": "fp8",
     "fp8_ds_mla": "fp8_ds_mla",  # 656-byte rows with 4 fp32 group scales
 }
+# Caches whose writer (vLLM's fused_norm_rope) needs Triton fp8 types, i.e. SM89+, unless this
+# plugin's fp8-free writer is installed (TRITON_MLA_SPARSE_INDEXER not off); the kernel itself
+# reads them anywhere (integer e4m3 decode).
+FP8_CACHE_DTYPES = ("fp8", "fp8_e4m3", "fp8_ds_mla")
+FP8_WRITER_MIN_CAPABILITY = (8, 9)
 HEAD_SIZES = (576, 512)  # 512 latent + 64 rope; 512 for NoPE models
 MIN_CAPABILITY = (8, 0)
 
@@ -137,6 +142,18 @@ class TritonMLASparseBackend(AttentionBackend):
         use_mm_prefix: bool,
         device_capability: DeviceCapability,
     ) -> str | None:
+        cap = (device_capability.major, device_capability.minor)
+        if (
+            kv_cache_dtype in FP8_CACHE_DTYPES
+            and cap < FP8_WRITER_MIN_CAPABILITY
+            and not _fp8_free_writer_planned(cap)
+        ):
+            return (
+                f"kv cache dtype {kv_cache_dtype!r} needs compute capability 8.9+ "
+                f"(this is {cap[0]}.{cap[1]}): vLLM's MLA cache writer (fused_norm_rope) "
+                "quantises with Triton fp8 types, which sm80/86 lack, and this plugin's fp8-free "
+                "writer is not installed (TRITON_MLA_SPARSE_INDEXER=off?); use --kv-cache-dtype auto"
+            )
         if kv_cache_dtype == "fp8_ds_mla" and head_size not in HEAD_SIZES:
             return f"fp8_ds_mla rows hold 512 latent + 64 rope values, not head size {head_size}"
         from vllm.config import get_current_vllm_config_or_none
@@ -156,6 +173,14 @@ class TritonMLASparseBackend(AttentionBackend):
         if vllm_config.parallel_config.decode_context_parallel_size > 1:
             return "decode context parallelism (DCP) not supported yet"
         return None
+
+
+def _fp8_free_writer_planned(cap: tuple[int, int]) -> bool:
+    """Whether this plugin replaces vLLM's fused cache writer on ``cap`` (its own fp8 writer,
+    vllm_plugin/indexer.py), which makes fp8 MLA caches writable below SM89."""
+    from .indexer import ATT, indexer_plan
+
+    return f"{ATT}.fused_norm_rope" in indexer_plan(cap).targets
 
 
 @dataclass
