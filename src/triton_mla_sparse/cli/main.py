@@ -12,7 +12,7 @@ def main(argv: list[str] | None = None) -> int:
         description="Sparse MLA attention in Triton: check, time and diagnose on this machine.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    from . import bench, verify
+    from . import bench, doctor, verify
 
     p = sub.add_parser(
         "verify", help="run the kernel against the reference on the default workload"
@@ -23,16 +23,10 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_args(p)
     p.set_defaults(run=bench.main)
     p = sub.add_parser("doctor", help="what vLLM would select on this (or a given) GPU, and why")
-    p.add_argument("--capability", default=None, help="simulate a compute capability, e.g. 8.9")
-    p.set_defaults(run=_doctor)
+    doctor.add_doctor_args(p)
+    p.set_defaults(run=doctor.run)
     args = parser.parse_args(argv)
     return int(args.run(args) or 0)
-
-
-def _doctor(args: argparse.Namespace) -> int:
-    from .doctor import doctor_main
-
-    return doctor_main(["--capability", args.capability] if args.capability else [])
 
 
 if __name__ == "__main__":
