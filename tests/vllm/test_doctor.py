@@ -245,6 +245,8 @@ def test_summary_lines(reports, cap):
     assert len(summary) == len(report.cases)
     for line, case in zip(summary, report.cases):
         assert line.startswith(f"  {case.model} TP{case.tp}, kv {case.kv_flag}: ")
+        hooked = f"vLLM's {case.model} hook made the flag {case.kv_after_hook}"
+        assert (hooked in line) == (case.kv_after_hook != case.kv_flag)
         kv_flag = "" if case.kv_flag == "auto" else f"--kv-cache-dtype {case.kv_flag}"
         if case.auto.ours:
             assert ": TRITON_MLA_SPARSE (this plugin), " in line

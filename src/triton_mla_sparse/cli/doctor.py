@@ -188,6 +188,14 @@ def _flags(kv_flag: str, explicit: bool) -> str:
 
 
 def summary_line(case: Case, report: Report) -> str:
+    return _summary_line(case, report) + (
+        f"; vLLM's {case.model} hook made the flag {case.kv_after_hook}"
+        if case.kv_after_hook != case.kv_flag
+        else ""
+    )
+
+
+def _summary_line(case: Case, report: Report) -> str:
     head = f"{case.model} TP{case.tp}, kv {case.kv_flag}: "
     a, e = case.auto, case.explicit
     tail = ""
