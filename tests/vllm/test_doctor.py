@@ -273,11 +273,37 @@ def test_summary_lines(reports, cap):
         assert "nothing else blocks serving here" not in text
     else:
         assert "still blocks serving" not in text
-    # The details agree with the summary, case by case.
-    for case in report.cases:
+    # The details agree with the summary, case by case, and never call the chosen one
+    # "lower priority".
+    headers = [i for i, x in enumerate(lines) if x.startswith("  ") and " heads per GPU), " in x]
+    assert len(headers) == len(report.cases)
+    for case, i, j in zip(report.cases, headers, headers[1:] + [len(lines)]):
+        block = "\n".join(lines[i:j])
+        assert block.startswith(f"  {case.model} TP{case.tp} ({case.heads} heads per GPU)")
         name = "TRITON_MLA_SPARSE (this plugin)" if case.auto.ours else case.auto.backend
         if name is not None:
-            assert f"    automatic: {name}, kv cache {case.auto.cache_dtype}" in text
+            assert f"    automatic: {name}, kv cache {case.auto.cache_dtype}" in block
+            assert f"      {name}: valid, lower priority" not in block
+            assert f"      {name}: rejected" not in block
+        for other in case.auto.uncertain:
+            assert f"      {other}: rejected: " in block
+    for line, case in zip(summary, report.cases):
+        assert ("may come first" in line) == bool(case.auto.uncertain)
+
+
+def test_probe_rejections_are_flagged():
+    choice = doctor.Choice(
+        "FLASHMLA_SPARSE",
+        False,
+        "auto",
+        candidates=[
+            ("FLASH_ATTN_MLA_SPARSE", ["FlashAttention MLA not supported on this device"]),
+            ("FLASHINFER_MLA_SPARSE_SM120", ["kv_cache_dtype not supported"]),
+            ("FLASHMLA_SPARSE", []),
+            ("FLASH_ATTN_MLA_SPARSE_FA4", ["ImportError: no extension"]),
+        ],
+    )
+    assert doctor._probe_rejected(choice) == ["FLASH_ATTN_MLA_SPARSE"]
 
 
 def test_indexer_part_from_vllm_code(reports):

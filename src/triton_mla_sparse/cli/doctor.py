@@ -141,6 +141,9 @@ class Choice:
     error: str = ""  # vLLM's error when backend is None
     # (backend name, reasons) for each sparse backend vLLM considered; [] reasons = valid
     candidates: list[tuple[str, list[str]]] = field(default_factory=list)
+    # higher-priority backends rejected only by a probe of this machine (its device or CUDA
+    # extensions), which a real GPU of the simulated capability may pass
+    uncertain: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -209,6 +212,11 @@ def _summary_line(case: Case, report: Report) -> str:
         return f"{head}TRITON_MLA_SPARSE (this plugin), {cache_text(a.cache_dtype)}; {how}{tail}"
     if a.backend is not None:
         out = f"{head}{a.backend}, {cache_text(a.cache_dtype)}"
+        if a.uncertain:
+            out += (
+                f" (on a real GPU {' or '.join(a.uncertain)} may come first: rejected here by "
+                "a probe of this machine)"
+            )
     else:
         out = f"{head}NO VALID BACKEND (vLLM fails)"
     if e.ours:
@@ -271,7 +279,7 @@ def render(report: Report) -> list[str]:
             shown = "TRITON_MLA_SPARSE (this plugin)" if name == "CUSTOM" else name
             if reasons:
                 out.append(f"      {shown}: rejected: {'; '.join(dict.fromkeys(reasons))}")
-            elif name != c.auto.backend:
+            elif name != ("CUSTOM" if c.auto.ours else c.auto.backend):
                 out.append(f"      {shown}: valid, lower priority")
     return out
 
@@ -482,6 +490,22 @@ def select(
     )
 
 
+# Reasons that come from probing this machine rather than from the capability and config.
+_PROBE_MARKERS = ("ImportError", "OSError", "on this device")
+
+
+def _probe_rejected(choice: Choice) -> list[str]:
+    """Backends above the chosen one that only a probe of this machine rejected."""
+    chosen = "CUSTOM" if choice.ours else choice.backend
+    out = []
+    for name, reasons in choice.candidates:
+        if name == chosen:
+            break
+        if reasons and all(any(m in r for m in _PROBE_MARKERS) for r in reasons):
+            out.append(name)
+    return out
+
+
 def _short_error(error: str) -> str:
     # vLLM's messages repeat the whole selector config; keep the reasons.
     if "Reason: [" in error:  # an explicitly selected backend that refused
@@ -561,7 +585,11 @@ FP8_WRITER_REASON = (
 
 
 def diagnose(
-    cuda_mod: types.ModuleType, cap: tuple[int, int], have_gpu: bool, plugin_active: bool
+    cuda_mod: types.ModuleType,
+    cap: tuple[int, int],
+    have_gpu: bool,
+    plugin_active: bool,
+    simulated: bool = True,
 ) -> Report:
     from vllm.config import DeviceConfig, VllmConfig
 
@@ -598,6 +626,8 @@ def diagnose(
                     cases.append(Case(model.label, tp, heads, kv_flag, kv, note, fail, fail))
                     continue
                 auto = select(sim, mc, heads, kv, False, vcfg)
+                if simulated:
+                    auto.uncertain = _probe_rejected(auto)
                 if plugin_active:
                     explicit = select(sim, mc, heads, kv, True, vcfg)
                 else:
@@ -727,7 +757,7 @@ def run(args: argparse.Namespace) -> int:
         flush=True,
     )
     with contextlib.redirect_stderr(io.StringIO()):
-        report = diagnose(cuda_mod, cap, gpu_cap is not None, active)
+        report = diagnose(cuda_mod, cap, gpu_cap is not None, active, simulated=cap != gpu_cap)
     if not active:
         auto = "off (vLLM does not load this plugin)"
     elif report.autoselect:
