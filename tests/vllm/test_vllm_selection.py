@@ -244,33 +244,3 @@ def test_wrapper_copies_the_cached_list(cuda_platform):
     assert first[-1] is E.CUSTOM and wrapped(**kw)[-1] is E.CUSTOM and first.count(E.CUSTOM) == 1
     assert E.CUSTOM not in wrapped.__wrapped__(**kw)  # vLLM's cached list untouched
     assert E.CUSTOM not in wrapped(use_mla=False, device_capability=DeviceCapability(8, 9))
-
-
-@pytest.mark.parametrize("cap", ["8.9", "9.0"])
-def test_doctor(cuda_platform, capsys, cap):
-    from triton_mla_sparse.cli.doctor import doctor_main
-
-    assert doctor_main(["--capability", cap]) == 0
-    out = capsys.readouterr().out
-    assert "vLLM: 0.33" in out and "registered: yes" in out
-    picks = [
-        line for line in out.splitlines() if ", kv cache " in line and not line.startswith(" ")
-    ]
-    assert len(picks) == 12
-    ours = [line for line in picks if line.endswith("TRITON_MLA_SPARSE (this plugin)")]
-    assert len(ours) == (12 if cap == "8.9" else 0)
-    if cap == "8.9":
-        assert "FLASHMLA_SPARSE: rejected: compute capability not supported" in out
-
-
-def test_doctor_without_vllm(monkeypatch, capsys):
-    from importlib import metadata
-
-    from triton_mla_sparse.cli import doctor
-
-    def missing(name):
-        raise metadata.PackageNotFoundError(name)
-
-    monkeypatch.setattr(doctor.metadata, "version", missing)
-    assert doctor.doctor_main([]) == 0
-    assert "vLLM: not installed" in capsys.readouterr().out

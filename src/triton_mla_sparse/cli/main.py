@@ -19,7 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="{verify,bench,doctor}")
-    from . import bench, verify
+    from . import bench, doctor, verify
 
     p = sub.add_parser(
         "verify",
@@ -38,20 +38,14 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_args(p)
     p.set_defaults(run=bench.main)
     p = sub.add_parser("doctor", help="what vLLM would select on this (or a given) GPU, and why")
-    p.add_argument("--capability", default=None, help="simulate a compute capability, e.g. 8.9")
-    p.set_defaults(run=_doctor)
+    doctor.add_doctor_args(p)
+    p.set_defaults(run=doctor.run)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     return int(args.run(args) or 0)
-
-
-def _doctor(args: argparse.Namespace) -> int:
-    from .doctor import doctor_main
-
-    return doctor_main(["--capability", args.capability] if args.capability else [])
 
 
 if __name__ == "__main__":
