@@ -95,7 +95,8 @@ def loaded(kernel: Any) -> list[Any]:
     """Every ``CompiledKernel`` a ``JITFunction`` holds in its in-memory cache (all devices)."""
     out = []
     for entry in getattr(kernel, "device_caches", {}).values():
-        out.extend(entry[0].values())
+        for ck in entry[0].values():
+            out.append(ck.result() if hasattr(ck, "result") else ck)  # async compile: a future
     return out
 
 

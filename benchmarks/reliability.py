@@ -596,12 +596,12 @@ def build_indices(case: Case, cfg: KernelConfig, geo: Geometry, g) -> dict:
             lead = min(W // 4, cfg.block_n + 3)
             trail = W // 8
             dup = rows[:, lead : lead + 1].clone()
-            if num_splits >= 3:
-                rows[:, split_len : 2 * split_len] = -1  # a whole split
             cols = torch.arange(lead + 1, max(lead + 1, W - trail - 1), 7)
             rows[:, cols] = cyc(len(cols))
             cols = torch.arange(lead + 3, max(lead + 3, W - trail), 11)
             rows[:, cols] = dup
+            if num_splits >= 3:
+                rows[:, split_len : 2 * split_len] = -1  # a whole split
             rows[:, :lead] = -1
             if trail:
                 rows[:, W - trail :] = -1
@@ -872,7 +872,8 @@ class Runner:
         }
         out = torch.full((case.T, case.H, L), float("nan"), dtype=case.kind.dtype, device=dev)
         if self.args.compile_only:
-            _, got = self._call(case, d, out, "warmup")
+            # under the interpreter nothing compiles: the launch is only recorded
+            _, got = self._call(case, d, out, "record" if dev.type == "cpu" else "warmup")
             extra = {"fails": self._launched(keys, got)}
             if self.emu is not None:
                 ptx = self._ptx_check()
@@ -1089,7 +1090,10 @@ def merge_logs(paths: Iterable[str]) -> int:
 
 def _run_jobs(args: argparse.Namespace, argv: list[str]) -> int:
     """Run the selection in ``args.jobs`` processes (shards), then print the combined results."""
-    tmp = tempfile.mkdtemp(prefix="reliability-jobs-", dir=os.environ.get("OUT") or None)
+    out_dir = os.environ.get("OUT") or None
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f"reliability-{args.suite}-jobs-", dir=out_dir)
     clean: list[str] = []
     skip = False
     for a in argv:
