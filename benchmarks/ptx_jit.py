@@ -209,8 +209,10 @@ def enable(
             heuristics, arch = _project_arch(cc)
             _patch(undo, heuristics, "_cuda_arch", lambda index: arch)
         for kernel in reset:
-            kernel.device_caches.clear()
-            undo.append(kernel.device_caches.clear)  # drop emulated binaries on disable
+            caches = getattr(kernel, "device_caches", None)  # none under TRITON_INTERPRET
+            if caches is not None:
+                caches.clear()
+                undo.append(caches.clear)  # drop emulated binaries on disable
     except BaseException:
         while undo:
             undo.pop()()
