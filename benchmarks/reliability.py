@@ -486,6 +486,20 @@ def select(cases: list[Case], device, arch, all_shapes: bool) -> tuple[list[Case
         if m is not None and m not in merges and (m not in best_m or _score(c) < _score(best_m[m])):
             best_m[m] = c
     chosen |= set(best_m.values())
+    # long prefills run whatever their variants: T 4096 at every head count, as vLLM calls it
+    # (flat rows, valid_counts, LSE), bf16 and fp8_ds_mla
+    chosen |= {
+        c
+        for c in cases
+        if c.sampled
+        and c.layout == "flat"
+        and c.counts
+        and c.lse
+        and c.kind.native is None
+        and c.kind.rope == ROPE
+        and c.kind.name.split("-")[0] in ("auto", "dsmla")
+        and c.kind.dtype == torch.bfloat16
+    }
     return sorted(chosen, key=_score), info
 
 
