@@ -41,6 +41,7 @@ import argparse
 import contextlib
 import dataclasses
 import hashlib
+import inspect
 import json
 import os
 import subprocess
@@ -168,7 +169,9 @@ def _setup_env(args: argparse.Namespace) -> None:
         import torch as _torch
 
         args.cpu_list = not _torch.cuda.is_available()  # list what an H200 (sm90) would run
-    if args.smoke or getattr(args, "cpu_list", False):
+        if args.cpu_list:  # the dry runs use meta tensors: no interpreter (it refuses bf16)
+            os.environ.pop("TRITON_INTERPRET", None)
+    if args.smoke:
         os.environ["TRITON_INTERPRET"] = "1"
     elif args.suite == "sanitize" and not args.keep_allocator_cache and not args.compile_only:
         # each tensor its own cudaMalloc, so memcheck sees the true bounds of every buffer
@@ -192,6 +195,13 @@ def _imports() -> None:
     )
     from triton_mla_sparse.ops.sparse_mla.interface import sparse_mla
     from triton_mla_sparse.reference import physical_rows, sparse_mla_reference
+
+    global _CHOOSE_BT
+    # newer heuristics take the block table into account (no step-ahead indices through one)
+    _CHOOSE_BT = "block_table" in inspect.signature(choose_config).parameters
+
+
+_CHOOSE_BT = False
 
 
 def _tolerances(dtype) -> tuple[float, float]:
@@ -245,7 +255,10 @@ class Case:
 
     def config(self, arch) -> KernelConfig:
         """The heuristic's configuration (with the forced e4m3 decode where the kind says)."""
-        cfg = choose_config(self.T, self.H, self.W, self.kind.dtype, self.kind.kv_format, arch)
+        kw = {"block_table": True} if LAYOUTS[self.layout]["bs"] and _CHOOSE_BT else {}
+        cfg = choose_config(
+            self.T, self.H, self.W, self.kind.dtype, self.kind.kv_format, arch, **kw
+        )
         if self.kind.native is False:
             cfg = dataclasses.replace(cfg, fp8_native=False)
         return cfg
@@ -1210,8 +1223,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.jobs > 1 and not args.list:
         return _run_jobs(args, argv)
 
-    if args.smoke or getattr(args, "cpu_list", False):
+    if args.smoke:
         device = torch.device("cpu")  # arch_of(cpu) is the H200's sm90
+    elif getattr(args, "cpu_list", False):
+        device = torch.device("meta")  # arch_of: sm90 too; the dry runs need no data
     else:
         if not torch.cuda.is_available():
             print("no CUDA device: run on the GPU, or use --smoke on CPU", file=sys.stderr)
@@ -1226,7 +1241,7 @@ def main(argv: list[str] | None = None) -> int:
         emu = ptx_jit.enable(args.arch, reset=[t.real for t in _TAPS.values()])
         print(f"PTX JIT emulation of sm_{args.arch}: Triton cache {emu.cache_dir}", flush=True)
     arch = heuristics.arch_of(device)
-    if emu is not None and device.type == "cpu":  # --list without a GPU: the emulated target
+    if emu is not None and device.type != "cuda":  # --list without a GPU: the emulated target
         from triton_mla_sparse.ops.sparse_mla import interface
 
         arch = heuristics._cuda_arch(0)
