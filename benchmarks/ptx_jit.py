@@ -137,6 +137,15 @@ def _set_env(undo: list, key: str, value: str) -> None:
     undo.append(lambda: os.environ.pop(key) if old is None else os.environ.__setitem__(key, old))
 
 
+def _gpu_present() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available() and torch.version.hip is None
+    except ImportError:  # pragma: no cover
+        return False
+
+
 def _project_arch(cc: int):
     """triton_mla_sparse's Arch for ``cc`` (its TARGETS table: SM counts, shared memory)."""
     from triton_mla_sparse.ops.sparse_mla import heuristics
@@ -205,6 +214,12 @@ def enable(
             return src.encode() + b"\0"
 
         _patch(undo, nv_compiler.CUDABackend, "make_cubin", make_cubin)
+        if _gpu_present():  # the active driver must be the class just patched
+            from triton.runtime import driver
+
+            got = driver.active.get_current_target()
+            if got != target:
+                raise RuntimeError(f"Triton's active driver reports {got}, not {target}")
         if patch_project_arch:
             heuristics, arch = _project_arch(cc)
             _patch(undo, heuristics, "_cuda_arch", lambda index: arch)
