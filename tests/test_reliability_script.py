@@ -58,6 +58,9 @@ def test_smoke_passes(tmp_path):
     # the coverage order spreads a short run over formats and layouts
     assert len({r["kind"] for r in results}) >= 4
     assert {"flat", "bt"} <= {r["layout"] for r in results}
+    # --merge (how the sanitizer shards are combined) reads the log back
+    m = _run([SCRIPT, "--merge", str(log), str(log)])
+    assert m.returncode == 0 and "RESULT: PASS: 12 cases, 0 failed" in m.stdout, m.stdout + m.stderr
 
 
 # A sparse_mla that drops valid_counts (reads garbage past the count: decoy rows, NaN) or turns
