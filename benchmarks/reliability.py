@@ -75,7 +75,8 @@ LAYOUTS = {
 DECODE_T = (1, 2, 4, 8, 16, 32, 64, 128)
 DECODE_H = (1, 8, 16, 24, 32, 48, 64, 96, 128)
 WIDTHS = (2048, 1152, 100, 1)
-PREFILL = tuple((4096, h, 2048) for h in (16, 64, 128))
+# prefill: a 512-token chunk (the smallest shape of the prefill-only tiles) and T 4096
+PREFILL = ((512, 16, 2048),) + tuple((4096, h, 2048) for h in (16, 64, 128))
 SMOKE_T, SMOKE_H, SMOKE_W = (1, 8), (1, 16, 24, 64), (1, 40, 100)
 GRAPH_T, GRAPH_H, GRAPH_W = (1, 4, 16, 64, 128), (8, 16, 64, 128), 2048
 GRAPH_REPLAYS = 3
@@ -97,6 +98,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         help="keep cases whose name or config contains A or B; repeat to AND",
     )
     p.add_argument("--max-cases", type=int, default=None, help="run the first N (coverage order)")
+    p.add_argument("--max-tokens", type=int, default=None, help="drop cases with more tokens")
     p.add_argument("--shard", default=None, metavar="K/N", help="run every N-th case from the K-th")
     p.add_argument("--jobs", type=int, default=1, help="run shards in N parallel processes")
     p.add_argument(
@@ -525,6 +527,8 @@ def filter_cases(cases: list[Case], info: dict, args: argparse.Namespace) -> lis
         cases = [c for c in cases if any(s in text(c) for s in subs)]
     # the greedy order is quadratic: a long unfiltered --all-shapes list keeps the size order
     cases = coverage_order(cases, info) if len(cases) <= 3000 else sorted(cases, key=_score)
+    if args.max_tokens is not None:
+        cases = [c for c in cases if c.T <= args.max_tokens]  # noqa: SIM300
     if args.max_cases is not None:
         cases = cases[: args.max_cases]
     if args.shard:
