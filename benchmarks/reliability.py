@@ -3,11 +3,12 @@
 Suites (``--suite``):
 
 - ``sanitize`` (default): every distinct compiled variant of the kernels that the heuristics choose
-  on this GPU (all formats; decode T 1..128 x H 1..128 at widths 2048/1152/100/1; prefill T 4096 at
-  H 16/64/128; with and without valid_counts, block tables, return_lse; forced integer e4m3 decode;
-  NoPE; paged caches with power-of-two and other page sizes), each run once with the smallest shape
-  that selects it and adversarial index content, checked against the reference. Meant to run under
-  compute-sanitizer (memcheck, racecheck, initcheck) and without it.
+  on this GPU (all formats; decode T 1..128 x H 1..128 at widths 2048/1152/100/1; prefill T 512 at
+  H 16 and T 4096 at H 16/64/128; with and without valid_counts, block tables, return_lse; forced
+  integer e4m3 decode; NoPE; paged caches with power-of-two and other page sizes), each run once
+  with the smallest shape that selects it and adversarial index content, checked against the
+  reference. Meant to run under compute-sanitizer (memcheck, racecheck, initcheck; driver:
+  benchmarks/reliability_sanitize.sh) and without it.
 - ``graph``: CUDA-graph capture and replay with q, indices, valid_counts, block table, request ids
   and the fp8 scale tensor overwritten in place between replays, each replay checked; before
   capture, the eager call under ``torch.cuda.set_sync_debug_mode("error")``.
