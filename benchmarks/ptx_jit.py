@@ -1,0 +1,246 @@
+"""Run sm80 / sm86 / sm89 code paths on a newer NVIDIA GPU (an H200) through the driver's PTX JIT.
+
+An sm_8x cubin does not load on an sm_90 device, but sm_8x PTX does: the driver JIT-compiles it.
+While emulation is enabled:
+
+- Triton's CUDA driver reports ``GPUTarget("cuda", cc, 32)`` as the current target, so every
+  kernel compiled from then on is lowered for ``sm_<cc>`` (mma.sync instead of wgmma, no
+  griddepcontrol, and Triton's own fp8 support rules for that target);
+- ``CUDABackend.make_cubin`` returns the PTX text itself (NUL-terminated) instead of running
+  ptxas; the launcher's ``cuModuleLoadData`` accepts PTX and the driver JIT-compiles it;
+- Triton's cache directory is a separate one (PTX stored as a "cubin" must never be found by a
+  normal run, nor a real sm_8x cubin by this one);
+- optionally, triton_mla_sparse's architecture lookup (``heuristics._cuda_arch``) reports the
+  emulated target, so the heuristics choose that target's tiles and fp8 decode path.
+
+It proves the instruction streams and tiles of those targets on real hardware; timings under
+emulation say nothing about an A100 or L40S. Shared memory is the H200's (227 KB), so a kernel
+that would not fit the emulated part still runs: check :func:`describe`'s ``shared`` against
+the target's limit.
+
+Usage (enable before the first launch of any kernel that should be emulated, or pass the
+kernels to reset)::
+
+    import ptx_jit
+    with ptx_jit.emulate(80) as emu:
+        ...  # launches compile for sm_80
+    for rec in emu.compiled:  # one per kernel compiled while enabled
+        print(rec)
+
+Works with Triton 3.6 through 3.8 (the same hooks exist in both: ``CudaDriver.get_current_target``,
+``CUDABackend.make_cubin(self, src, metadata, opt, capability)``, ``JITFunction.device_caches``).
+Importing this module imports nothing from Triton and touches no GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import re
+import tempfile
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+# compute capabilities whose PTX an sm_90 device can JIT (sm100/sm120 PTX cannot run on sm_90)
+EMULATED_CCS = (80, 86, 87, 89)
+
+_TARGET_RE = re.compile(r"^\s*\.target\s+(sm_\w+)", re.MULTILINE)
+
+
+@dataclasses.dataclass
+class Compiled:
+    """One kernel as Triton built it: ``target`` is the PTX ``.target`` line's value."""
+
+    name: str
+    target: str | None
+    mma: str  # "wgmma", "mma.sync" or "none"
+    shared: int  # bytes of shared memory a launch needs
+    is_ptx: bool  # the loadable binary is PTX text (emulated), not a cubin
+
+    def line(self) -> str:
+        kind = "ptx" if self.is_ptx else "cubin"
+        return (
+            f"{self.name}: .target {self.target} {self.mma} shared {self.shared / 1024:.1f} KB "
+            f"({kind})"
+        )
+
+
+def _ptx_facts(ptx: str) -> tuple[str | None, str]:
+    m = _TARGET_RE.search(ptx)
+    if "wgmma." in ptx:
+        mma = "wgmma"
+    elif "mma.sync" in ptx:
+        mma = "mma.sync"
+    else:
+        mma = "none"
+    return (m.group(1) if m else None), mma
+
+
+def describe(kernel: Any) -> Compiled:
+    """Facts about a Triton ``CompiledKernel`` (from a launch, ``warmup`` or the JIT cache)."""
+    asm = kernel.asm
+    binary = asm.get("cubin", b"")
+    ptx = asm.get("ptx", "")
+    # a cubin is an ELF file; PTX is text with a .target line
+    is_ptx = isinstance(binary, (bytes, bytearray)) and not binary.startswith(b"\x7fELF")
+    is_ptx = is_ptx and b".target" in binary[:4096]
+    if not ptx and is_ptx:
+        ptx = bytes(binary).rstrip(b"\0").decode()
+    target, mma = _ptx_facts(ptx or "")
+    return Compiled(kernel.name, target, mma, int(kernel.metadata.shared), is_ptx)
+
+
+def loaded(kernel: Any) -> list[Any]:
+    """Every ``CompiledKernel`` a ``JITFunction`` holds in its in-memory cache (all devices)."""
+    out = []
+    for entry in getattr(kernel, "device_caches", {}).values():
+        for ck in entry[0].values():
+            out.append(ck.result() if hasattr(ck, "result") else ck)  # async compile: a future
+    return out
+
+
+@dataclasses.dataclass
+class Emulation:
+    """State of an enabled emulation; :meth:`disable` restores everything it patched."""
+
+    cc: int
+    cache_dir: str
+    compiled: list[Compiled] = dataclasses.field(default_factory=list)
+    _undo: list = dataclasses.field(default_factory=list, repr=False)
+
+    def disable(self) -> None:
+        global _ACTIVE
+        while self._undo:
+            self._undo.pop()()
+        _ACTIVE = None
+
+
+_ACTIVE: Emulation | None = None
+
+
+def _patch(undo: list, obj: Any, name: str, value: Any) -> None:
+    old = obj.__dict__.get(name, _MISSING) if hasattr(obj, "__dict__") else getattr(obj, name)
+    setattr(obj, name, value)
+    if old is _MISSING:
+        undo.append(lambda: delattr(obj, name))
+    else:
+        undo.append(lambda: setattr(obj, name, old))
+
+
+_MISSING = object()
+
+
+def _set_env(undo: list, key: str, value: str) -> None:
+    old = os.environ.get(key)
+    os.environ[key] = value
+    undo.append(lambda: os.environ.pop(key) if old is None else os.environ.__setitem__(key, old))
+
+
+def _gpu_present() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available() and torch.version.hip is None
+    except ImportError:  # pragma: no cover
+        return False
+
+
+def _project_arch(cc: int):
+    """triton_mla_sparse's Arch for ``cc`` (its TARGETS table: SM counts, shared memory)."""
+    from triton_mla_sparse.ops.sparse_mla import heuristics
+
+    for arch in heuristics.TARGETS:
+        if arch.backend == "cuda" and arch.cc == cc:
+            return heuristics, arch
+    return heuristics, heuristics.Arch("cuda", cc)
+
+
+def enable(
+    cc: int,
+    cache_dir: str | None = None,
+    *,
+    reset: Iterable[Any] = (),
+    patch_project_arch: bool = True,
+) -> Emulation:
+    """Make Triton compile for ``sm_<cc>`` and load the PTX through the driver's JIT.
+
+    Args:
+        cc: compute capability to emulate (80, 86, 87 or 89 on an sm_90 device).
+        cache_dir: Triton cache directory to use while enabled; default
+            ``$TMPDIR/triton-ptx-jit-sm<cc>`` (kept between runs; keyed by Triton's own hashes).
+        reset: JITFunctions whose in-memory caches are cleared (kernels launched before this
+            call would otherwise keep their native binaries).
+        patch_project_arch: make ``triton_mla_sparse``'s architecture lookup report ``cc``.
+    """
+    global _ACTIVE
+    if not isinstance(cc, int) or cc not in EMULATED_CCS:
+        raise ValueError(
+            f"cc must be one of {EMULATED_CCS} (PTX an sm_90 device can JIT), got {cc!r}"
+        )
+    if _ACTIVE is not None:
+        raise RuntimeError(f"PTX JIT emulation of sm_{_ACTIVE.cc} is already enabled")
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia import compiler as nv_compiler
+    from triton.backends.nvidia import driver as nv_driver
+
+    cache_dir = cache_dir or os.path.join(tempfile.gettempdir(), f"triton-ptx-jit-sm{cc}")
+    os.makedirs(cache_dir, exist_ok=True)
+    emu = Emulation(cc, cache_dir)
+    undo = emu._undo
+    try:
+        _set_env(undo, "TRITON_CACHE_DIR", cache_dir)
+        try:  # Triton >= 3.4: knobs read the environment on each access unless set in code
+            import triton.knobs as knobs
+
+            if os.path.realpath(knobs.cache.dir) != os.path.realpath(cache_dir):
+                raise RuntimeError(
+                    f"triton.knobs.cache.dir is {knobs.cache.dir!r} (set in code?); "
+                    f"PTX JIT emulation needs its own cache directory {cache_dir!r}"
+                )
+        except ImportError:  # pragma: no cover - older Triton reads the variable directly
+            pass
+
+        target = GPUTarget("cuda", cc, 32)
+        _patch(undo, nv_driver.CudaDriver, "get_current_target", lambda self: target)
+
+        def make_cubin(self, src, metadata, opt, capability):
+            ptx_target, mma = _ptx_facts(src)
+            emu.compiled.append(
+                Compiled(
+                    metadata.get("name", "?"), ptx_target, mma, int(metadata.get("shared", 0)), True
+                )
+            )
+            return src.encode() + b"\0"
+
+        _patch(undo, nv_compiler.CUDABackend, "make_cubin", make_cubin)
+        if _gpu_present():  # the active driver must be the class just patched
+            from triton.runtime import driver
+
+            got = driver.active.get_current_target()
+            if got != target:
+                raise RuntimeError(f"Triton's active driver reports {got}, not {target}")
+        if patch_project_arch:
+            heuristics, arch = _project_arch(cc)
+            _patch(undo, heuristics, "_cuda_arch", lambda index: arch)
+        for kernel in reset:
+            caches = getattr(kernel, "device_caches", None)  # none under TRITON_INTERPRET
+            if caches is not None:
+                caches.clear()
+                undo.append(caches.clear)  # drop emulated binaries on disable
+    except BaseException:
+        while undo:
+            undo.pop()()
+        raise
+    _ACTIVE = emu
+    return emu
+
+
+@contextlib.contextmanager
+def emulate(cc: int, cache_dir: str | None = None, **kwargs: Any) -> Iterator[Emulation]:
+    """Context-manager form of :func:`enable`."""
+    emu = enable(cc, cache_dir, **kwargs)
+    try:
+        yield emu
+    finally:
+        emu.disable()

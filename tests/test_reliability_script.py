@@ -1,0 +1,243 @@
+"""benchmarks/reliability.py and benchmarks/ptx_jit.py stay alive on CPU (the GPU runs are in
+docs/RELIABILITY.md).
+
+The script runs in subprocesses (``--smoke``: Triton's interpreter, tiny fp16/fp32 cases), once as
+is and once with a sparse_mla that ignores its valid_counts or mangles its block table, which
+must fail. Its adversarial inputs are checked in-process; the PTX emulation compiles a small
+kernel ahead of time for sm_86 (no GPU needed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.join(ROOT, "benchmarks")
+SCRIPT = os.path.join(BENCH, "reliability.py")
+
+
+def _env(interpret: bool = True) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.path.join(ROOT, "src") + os.pathsep + env.get("PYTHONPATH", "")
+    env.pop("OUT", None)
+    if interpret:
+        env["TRITON_INTERPRET"] = "1"
+    else:
+        env.pop("TRITON_INTERPRET", None)
+    env["CUDA_VISIBLE_DEVICES"] = ""  # what a CPU machine sees, also on a GPU runner
+    return env
+
+
+def _run(args: list[str], interpret: bool = True, timeout: int = 120):
+    return subprocess.run(
+        [sys.executable, *args],
+        env=_env(interpret),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_smoke_passes(tmp_path):
+    log = tmp_path / "smoke.json"
+    p = _run([SCRIPT, "--smoke", "--max-cases", "6", "--log", str(log)])
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "RESULT: PASS: 6 cases, 0 failed" in p.stdout
+    assert p.stdout.rstrip().splitlines()[-1].startswith("RESULT: PASS")  # the table is last
+    results = json.loads(log.read_text())["results"]
+    assert len(results) == 6 and all(r["status"] == "ok" for r in results)
+    assert all(0 <= r["err_ratio"] <= 1 for r in results)
+    # the coverage order spreads a short run over formats and layouts
+    assert len({r["kind"] for r in results}) >= 4
+    assert {"flat", "bt"} <= {r["layout"] for r in results}
+    # --merge (how the sanitizer shards are combined) reads the log back
+    m = _run([SCRIPT, "--merge", str(log), str(log)])
+    assert m.returncode == 0 and "RESULT: PASS: 12 cases, 0 failed" in m.stdout, m.stdout + m.stderr
+
+
+# A sparse_mla that drops valid_counts (reads garbage past the count: decoy rows, NaN) or turns
+# -1 block-table entries into block 1 (reads rows no index selects).
+_BROKEN = """
+import os, sys
+sys.path.insert(0, {bench!r})
+import triton_mla_sparse.ops.sparse_mla.interface as itf
+orig = itf.sparse_mla
+def broken(*a, **k):
+    if {mode!r} == "counts":
+        k.pop("valid_counts", None)
+    elif "block_table" in k:
+        k["block_table"] = k["block_table"].abs()
+    return orig(*a, **k)
+itf.sparse_mla = broken
+import reliability
+sys.exit(reliability.main({args!r}))
+"""
+
+
+@pytest.mark.parametrize("mode", ["counts", "block_table"])
+def test_smoke_catches_a_broken_kernel(mode):
+    args = ["--smoke", "--only", "cnt", "--only", "bt", "--only", "fp32", "--max-cases", "2"]
+    code = _BROKEN.format(bench=BENCH, mode=mode, args=args)
+    p = _run(["-c", code])
+    assert p.returncode == 1, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "RESULT: FAIL" in p.stdout
+    assert "non-finite outputs" in p.stdout or "relative error" in p.stdout
+
+
+def test_list_enumerates_the_sm90_variants():
+    """Without a GPU, --list shows what an H200 (sm90) would run: every kind of variant."""
+    p = _run([SCRIPT, "--list"], interpret=False)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    lines = [x for x in p.stdout.splitlines() if x.startswith("[")]
+    assert len(lines) > 100
+    fwd = [x[x.index("fwd ") :] for x in lines]
+    text = p.stdout
+    for feature in (
+        "FP8_NATIVE=False",
+        "K_SCALE_PTR=True",
+        "KV_FORMAT=2",
+        "DS_STAGE=True",
+        "IDX_AHEAD=True",
+        "SPLIT=True",
+        "HAS_BT=True",
+        "BT_SHIFT=-1",
+        "PAGE_SHIFT=6",
+        "R=0",
+        "q=bfloat16",
+        "q=float32",
+        "S_PAD=64",
+        " T4096 ",
+        " W1152 ",
+    ):
+        assert feature in text, feature
+    # one case per forward variant, except cases added for a merge variant of their own
+    merges = sum(1 for x in p.stdout.splitlines() if x.lstrip().startswith("merge "))
+    assert len(set(fwd)) <= len(lines) <= len(set(fwd)) + merges
+
+
+def _reliability():
+    if BENCH not in sys.path:
+        sys.path.insert(0, BENCH)
+    import reliability
+
+    reliability._imports()
+    return reliability
+
+
+@pytest.mark.parametrize("layout", ["flat", "bt", "bt48"])
+def test_adversarial_inputs(layout):
+    """The index content and poisoning each case gets, as the docs and the brief promise."""
+    rel = _reliability()
+    arch = rel.heuristics.Arch("cuda", 90, 132)
+    kind = rel.Kind("auto-fp32", torch.float32, "auto")
+    case = rel.Case(kind, 8, 3, 300, layout, True, True)
+    cfg = case.config(arch)
+    split_len, splits = rel.split_len_for(case.W, cfg.num_splits, cfg.block_n)
+    assert splits >= 3
+    inp = rel.make_case_inputs(case, cfg)
+    idx, counts = inp.ind["indices"].long(), inp.ind["valid_counts"].long()
+    geo = inp.geo
+    # token 0: leading -1 run longer than a gather step, a whole split of -1, trailing run
+    lead = (idx[0] != -1).nonzero()[0, 0]
+    assert lead > cfg.block_n
+    assert (idx[0, split_len : 2 * split_len] == -1).all()
+    plain = rel.make_case_inputs(dataclasses.replace(case, counts=False), cfg)
+    assert (plain.ind["indices"][0, -(case.W // 8) :] == -1).all()  # (counts put garbage there)
+    assert (plain.ind["indices"] == -1).all(dim=1).any()  # a token with nothing but -1
+    for value in (rel.I32_MIN, rel.I32_MAX, -2):
+        assert (idx == value).any(), value
+    if geo.bs:  # positions past the table, and into its -1 / past-the-cache / 2^31 entries
+        table = inp.ind["block_table"].long()
+        assert (idx >= geo.max_blocks * geo.bs).any()
+        assert (table == -1).any() and (table == geo.num_blocks).any()
+        assert (table == 2**31 // geo.bs).any()
+        assert (table * geo.bs >= 2**31).any()
+    else:
+        assert (idx == geo.num_rows).any() and (idx > geo.num_rows).any()
+    vals, reps = torch.unique(idx[0][idx[0] >= 0], return_counts=True)
+    assert (reps > 1).any()  # duplicates
+    assert {0, -1, case.W + 3, rel.I32_MAX} <= set(counts.tolist())
+    # the kernel's cache: NaN everywhere no valid index reaches, including the decoy rows that
+    # garbage past the counts points at and (paged) the memory between blocks
+    kc, view = rel.poisoned_cache(inp.cache, geo, inp.ind)
+    rows, valid = rel.physical_rows(
+        inp.ind["indices"],
+        geo.num_rows,
+        inp.ind["valid_counts"],
+        inp.ind.get("block_table"),
+        inp.ind.get("req_ids"),
+        inp.ind.get("block_size"),
+    )
+    flat = view(kc).reshape(geo.num_rows, -1)
+    used = torch.zeros(geo.num_rows, dtype=torch.bool)
+    used[rows[valid]] = True
+    assert torch.isnan(flat[~used]).all() and not torch.isnan(flat[used]).any()
+    c0 = int(counts[0])
+    assert 0 < c0 < case.W
+    rows_all, valid_all = rel.physical_rows(
+        inp.ind["indices"],
+        geo.num_rows,
+        None,
+        inp.ind.get("block_table"),
+        inp.ind.get("req_ids"),
+        inp.ind.get("block_size"),
+    )
+    garbage = rows_all[0, c0:][valid_all[0, c0:]]
+    assert len(garbage) and not used[garbage].any()  # what lies past the count is NaN
+    if geo.page:
+        assert torch.isnan(kc[:, 0]).all() and torch.isnan(kc[:, 2]).all()
+
+
+_PTX = """
+import os, sys
+sys.path.insert(0, {bench!r})
+import triton, triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.driver import CudaDriver
+from triton_mla_sparse.ops.sparse_mla import heuristics
+import ptx_jit
+
+@triton.jit
+def k(X, Y, N: tl.constexpr):
+    o = tl.arange(0, N)
+    a = tl.load(X + o[:, None] * N + o[None, :])
+    tl.store(Y + o[:, None] * N + o[None, :], tl.dot(a, a))
+
+def build(cc):
+    src = triton.compiler.ASTSource(
+        fn=k, signature={{"X": "*fp16", "Y": "*fp32", "N": "constexpr"}}, constexprs={{"N": 16}}
+    )
+    return triton.compile(src, target=GPUTarget("cuda", cc, 32))
+
+real_target, real_arch = CudaDriver.get_current_target, heuristics._cuda_arch
+with ptx_jit.emulate(86, cache_dir={cache!r}) as emu:
+    assert CudaDriver.get_current_target(None) == GPUTarget("cuda", 86, 32)
+    assert heuristics._cuda_arch(0).cc == 86 and not heuristics._cuda_arch(0).fp8_native
+    assert os.environ["TRITON_CACHE_DIR"] == {cache!r}
+    c = build(86)
+    binary = c.asm["cubin"]
+    assert binary.endswith(b"\\0") and b".target sm_86" in binary, binary[:200]
+    d = ptx_jit.describe(c)
+    assert d.is_ptx and d.target == "sm_86" and d.mma == "mma.sync", d
+    assert [r.target for r in emu.compiled] == ["sm_86"]
+assert CudaDriver.get_current_target is real_target and heuristics._cuda_arch is real_arch
+assert os.environ.get("TRITON_CACHE_DIR") != {cache!r}
+c = build(86)  # a normal build again: ptxas, an ELF cubin
+assert c.asm["cubin"][:4] == b"\\x7fELF" and not ptx_jit.describe(c).is_ptx
+print("ok")
+"""
+
+
+def test_ptx_jit_emulation(tmp_path):
+    script = tmp_path / "ptx_check.py"  # @triton.jit needs its source in a file
+    script.write_text(_PTX.format(bench=BENCH, cache=str(tmp_path / "cache")))
+    p = _run([str(script)], interpret=False)
+    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stdout[-3000:] + p.stderr[-3000:]
