@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# The H200 checks of one session, in three device calls (each under the 10-minute call limit):
+#
+#   bash benchmarks/device_session.sh sanitize   # Triton 3.6: memcheck, initcheck, racecheck, graphs
+#   bash benchmarks/device_session.sh t38        # Triton 3.8 (vLLM's pin): fp8 hazard, indexer
+#   bash benchmarks/device_session.sh rest       # Triton 3.6: sm80/86/89 by PTX JIT, glue, peers
+#
+# Triton 3.8 travels as two ignored parts (.t38/part_aa, .t38/part_ab: its wheel's triton/ less
+# cupti, libproton, ptxas-blackwell and the AMD backend, tar.xz, split): the sanitize call carries
+# part 1 and copies it to /tmp, the t38 call carries part 2 and unpacks both to /tmp/t38.
+# FlashMLA (rest) comes from .fmla/ (vLLM 0.33's _flashmla_C.abi3.so and its interface).
+# Full logs: one tarball per phase under $OUT; each step's exit status and seconds last.
+set -u
+PHASE=${1:?usage: device_session.sh sanitize|t38|rest}
+cd "$(dirname "$0")/.." || exit 2
+export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
+FINAL=${OUT:-/tmp/out}
+L=/tmp/logs/$PHASE
+mkdir -p "$L" "$FINAL"
+: > "$L/steps.txt"
+
+step() {  # name, seconds, command...: logs to $L/name.txt, one status line
+  local name=$1 limit=$2 t0 rc
+  shift 2
+  t0=$(date +%s)
+  timeout "$limit" "$@" > "$L/$name.txt" 2>&1
+  rc=$?
+  echo "$name rc=$rc $(($(date +%s) - t0))s" | tee -a "$L/steps.txt"
+}
+
+san() {  # tool, seconds, extra reliability.py args...
+  local tool=$1 limit=$2
+  shift 2
+  OUT=$L/$tool step "$tool" "$limit" bash benchmarks/reliability_sanitize.sh "$tool" 16 "$@"
+}
+
+t38() {  # command under Triton 3.8
+  PYTHONPATH=/tmp/t38:$PWD/src TRITON_BACKENDS_IN_TREE=1 TRITON_CACHE_DIR=/tmp/tcache38 "$@"
+}
+
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$L/env.txt"
+python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$L/env.txt"
+
+case $PHASE in
+  sanitize)
+    [ -f .t38/part_aa ] && cp .t38/part_aa /tmp/part_aa
+    san memcheck 240
+    san initcheck 70 --max-cases 300
+    san racecheck 70 --max-cases 150
+    step graph 100 python benchmarks/reliability.py --suite graph --jobs 8 --log "$L/graph.json"
+    for t in memcheck initcheck racecheck; do
+      echo "== $t"
+      grep -h "SUMMARY" "$L/$t"/*.sanitizer.txt 2>/dev/null | sort | uniq -c
+      tail -4 "$L/$t.txt"
+    done
+    echo "== graph"; tail -6 "$L/graph.txt"
+    ;;
+  t38)
+    step unpack 90 bash -c 'cat /tmp/part_aa .t38/part_ab > /tmp/t38.tar.xz && mkdir -p /tmp/t38 && tar xJf /tmp/t38.tar.xz -C /tmp/t38'
+    t38 python -c "import triton; print('unpacked triton', triton.__version__, triton.__file__)" | tee -a "$L/env.txt"
+    step hazard38 90 t38 compute-sanitizer --tool memcheck python benchmarks/fp8_hazard.py --json "$L/hazard38.json"
+    OUT=$L/indexer38 step indexer38 270 t38 python benchmarks/indexer_gpu.py
+    echo "== hazard (Triton 3.8, memcheck)"; tail -8 "$L/hazard38.txt" | cut -c1-160
+    echo "== indexer (Triton 3.8)"; tail -45 "$L/indexer38.txt"
+    ;;
+  rest)
+    for cc in 80 86 89; do
+      step "emulate$cc" 60 python benchmarks/reliability.py --suite emulate --arch "$cc" --jobs 16 \
+        --max-cases 120 --log "$L/emulate$cc.json"
+    done
+    OUT=$L/ixemu step indexer_emulate 90 python benchmarks/indexer_emulate.py
+    step contract 45 python -m pytest -q -p no:cacheprovider tests/test_contract.py -k "head_major or strided"
+    step index_q 30 python -m pytest -q -p no:cacheprovider tests/test_index_q.py tests/test_mla_cache.py
+    PYTHONPATH=$PWD/src:$PWD/.fmla step flashmla 45 python benchmarks/flashmla_smoke.py --out "$L"
+    for f in emulate80 emulate86 emulate89 indexer_emulate contract index_q flashmla; do
+      echo "== $f"; tail -5 "$L/$f.txt" | cut -c1-200
+    done
+    ;;
+  *) echo "unknown phase $PHASE"; exit 2 ;;
+esac
+echo "== steps ($PHASE)"
+cat "$L/steps.txt"
+tar czf "$FINAL/$PHASE.tgz" -C /tmp/logs "$PHASE"
