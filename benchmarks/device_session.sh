@@ -11,13 +11,14 @@
 # FlashMLA (rest) comes from .fmla/ (vLLM 0.33's _flashmla_C.abi3.so and its interface).
 # Full logs: one tarball per phase under $OUT; each step's exit status and seconds last.
 set -u
-PHASE=${1:?usage: device_session.sh sanitize|t38|rest}
+PHASE=${1:?usage: device_session.sh sanitize|memcheck|t38|rest}
 cd "$(dirname "$0")/.." || exit 2
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
 FINAL=${OUT:-/tmp/out}
 L=/tmp/logs/$PHASE
 mkdir -p "$L" "$FINAL"
 : > "$L/steps.txt"
+export OUT=$L  # every tool's own logs go into this phase's tarball
 
 step() {  # name, seconds, command...: logs to $L/name.txt, one status line
   local name=$1 limit=$2 t0 rc
@@ -43,6 +44,7 @@ python -c "import torch, triton; print('torch', torch.__version__, 'triton', tri
 
 case $PHASE in
   sanitize)
+    # the first call of this session; the compile step alone took 232 s of a 240 s limit
     [ -f .t38/part_aa ] && cp .t38/part_aa /tmp/part_aa
     san memcheck 240
     san initcheck 70 --max-cases 300
@@ -55,13 +57,30 @@ case $PHASE in
     done
     echo "== graph"; tail -6 "$L/graph.txt"
     ;;
+  memcheck)
+    # memcheck over every sm90 variant: ~200 s of compiles on 16 cores, then the sanitized runs
+    [ -f .t38/part_aa ] && cp .t38/part_aa /tmp/part_aa
+    san memcheck 400
+    san initcheck 45 --max-cases 300
+    for t in memcheck initcheck; do
+      echo "== $t"
+      grep -h "SUMMARY" "$L/$t"/*.sanitizer.txt 2>/dev/null | sort | uniq -c
+      grep -h "Invalid\|Uninitialized\|error" "$L/$t"/*.sanitizer.txt 2>/dev/null | head -5
+      tail -4 "$L/$t.txt"
+    done
+    ;;
   t38)
     step unpack 90 bash -c 'cat /tmp/part_aa .t38/part_ab > /tmp/t38.tar.xz && mkdir -p /tmp/t38 && tar xJf /tmp/t38.tar.xz -C /tmp/t38'
     t38 python -c "import triton; print('unpacked triton', triton.__version__, triton.__file__)" | tee -a "$L/env.txt"
-    step hazard38 90 t38 compute-sanitizer --tool memcheck python benchmarks/fp8_hazard.py --json "$L/hazard38.json"
-    OUT=$L/indexer38 step indexer38 270 t38 python benchmarks/indexer_gpu.py
+    step hazard38 75 t38 compute-sanitizer --tool memcheck python benchmarks/fp8_hazard.py --json "$L/hazard38.json"
+    OUT=$L/indexer38 step indexer38 180 t38 python benchmarks/indexer_gpu.py --skip-tests
+    step emulate80 50 python benchmarks/reliability.py --suite emulate --arch 80 --jobs 16 \
+      --max-cases 60 --log "$L/emulate80.json"
+    OUT=$L/ixemu step indexer_emulate 60 python benchmarks/indexer_emulate.py
     echo "== hazard (Triton 3.8, memcheck)"; tail -8 "$L/hazard38.txt" | cut -c1-160
-    echo "== indexer (Triton 3.8)"; tail -45 "$L/indexer38.txt"
+    echo "== indexer (Triton 3.8)"; tail -40 "$L/indexer38.txt"
+    echo "== emulate sm80 (Triton 3.6)"; tail -6 "$L/emulate80.txt"
+    echo "== indexer emulate (Triton 3.6)"; tail -8 "$L/indexer_emulate.txt" | cut -c1-200
     ;;
   rest)
     for cc in 80 86 89; do

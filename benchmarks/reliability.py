@@ -798,9 +798,15 @@ def check(case: Case, out, lse, ref_out, ref_lse, rows) -> tuple[list[str], floa
         if not torch.equal(torch.isneginf(lo), empty):
             fails.append("LSE -inf pattern differs from the reference's empty rows")
         elif (~empty).any():
-            lerr = float((lo[~empty].double() - ref_lse[~empty].double()).abs().max())
+            dl = (lo[~empty].double() - ref_lse[~empty].double()).abs()
+            if case.kind.dtype == torch.float32:
+                # fp32 rounds the log-domain max and sum in proportion to their size: the tests'
+                # 1e-5 holds at their |LSE| <= 8 and scales with |LSE| above (these caches hold
+                # rows of three times the usual magnitude; H200: up to 1.5e-5 absolute)
+                dl = dl / ref_lse[~empty].double().abs().div(8.0).clamp_min(1.0)
+            lerr = float(dl.max())
             if not lerr <= atol:
-                fails.append(f"LSE abs error {lerr:.3g} > {atol:g}")
+                fails.append(f"LSE error {lerr:.3g} > {atol:g} (fp32: per |LSE|/8 above 8)")
         neg = torch.isneginf(lse)
         if neg.any() and not (out[neg] == 0).all():
             fails.append("rows with LSE -inf are not exactly zero")
