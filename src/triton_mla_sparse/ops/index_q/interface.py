@@ -4,19 +4,10 @@ from __future__ import annotations
 
 import torch
 
+from ..host import describe as _shape
+from ..host import is_pow2 as _is_pow2
+
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-
-
-def _shape(x: object) -> str:
-    if x is None:
-        return "None"
-    if not isinstance(x, torch.Tensor):
-        return f"a {type(x).__name__}, not a tensor"
-    return f"{tuple(x.shape)} {x.dtype} on {x.device}"
-
-
-def _is_pow2(n: int) -> bool:
-    return n > 0 and (n & (n - 1)) == 0
 
 
 def _check_float(name: str, x: object, ndim: int, device: torch.device) -> torch.Tensor:

@@ -12,6 +12,7 @@ import os
 import torch
 
 from ...kv_format import INDEXER_BLOCK_SIZE, INDEXER_HEAD_DIM, INDEXER_ROW_BYTES
+from ..host import describe as _shape
 from .heuristics import (
     MAX_HEADS,
     IndexerConfig,
@@ -23,14 +24,6 @@ from .heuristics import (
 _E4M3_DTYPES = (torch.uint8, torch.float8_e4m3fn)
 _Q_DTYPES = _E4M3_DTYPES + (torch.float16, torch.bfloat16, torch.float32)
 _W_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
-
-def _shape(x: object) -> str:
-    if x is None:
-        return "None"
-    if not isinstance(x, torch.Tensor):
-        return f"a {type(x).__name__}, not a tensor"
-    return f"{tuple(x.shape)} {x.dtype} on {x.device}"
 
 
 def _tensor(name: str, x: object) -> torch.Tensor:

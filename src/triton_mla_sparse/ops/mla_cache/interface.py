@@ -5,16 +5,9 @@ from __future__ import annotations
 import torch
 
 from ...kv_format import DS_MLA_LATENT, DS_MLA_ROPE, DS_MLA_ROW_BYTES
+from ..host import describe as _shape
 
 FORMATS = ("fp8", "fp8_ds_mla")
-
-
-def _shape(x: object) -> str:
-    if x is None:
-        return "None"
-    if not isinstance(x, torch.Tensor):
-        return f"a {type(x).__name__}, not a tensor"
-    return f"{tuple(x.shape)} {x.dtype} on {x.device}"
 
 
 def write_mla_cache(

@@ -10,22 +10,12 @@ import os
 import torch
 
 from ...kv_format import DS_MLA_LATENT, DS_MLA_ROPE, DS_MLA_ROW_BYTES, KV_FORMATS
+from ..host import describe as _shape
+from ..host import is_pow2 as _is_pow2
 from .heuristics import KernelConfig, arch_of, choose_config, fp16_mma_for
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _FORMAT_CODE = {"auto": 0, "fp8": 1, "fp8_ds_mla": 2}
-
-
-def _shape(x: object) -> str:
-    if x is None:
-        return "None"
-    if not isinstance(x, torch.Tensor):
-        return f"a {type(x).__name__}, not a tensor"
-    return f"{tuple(x.shape)} {x.dtype} on {x.device}"
-
-
-def _is_pow2(n: int) -> bool:
-    return n > 0 and (n & (n - 1)) == 0
 
 
 def _interpreted() -> bool:
