@@ -9,6 +9,7 @@
 # cupti, libproton, ptxas-blackwell and the AMD backend, tar.xz, split): the sanitize call carries
 # part 1 and copies it to /tmp, the t38 call carries part 2 and unpacks both to /tmp/t38.
 # FlashMLA (rest) comes from .fmla/ (vLLM 0.33's _flashmla_C.abi3.so and its interface).
+# Both are built here by benchmarks/prepare_device_carry.sh.
 # Full logs: one tarball per phase under $OUT; each step's exit status and seconds last.
 set -u
 PHASE=${1:?usage: device_session.sh sanitize|memcheck|t38|rest}
