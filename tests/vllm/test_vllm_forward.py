@@ -9,7 +9,6 @@ table, paged cache), so both the glue and vLLM's conversion are checked end to e
 
 from __future__ import annotations
 
-import socket
 from types import SimpleNamespace as NS
 
 import pytest
@@ -17,6 +16,8 @@ import torch
 
 pytest.importorskip("vllm", reason="vllm is not installed (CI installs vllm==0.33.0)")
 pytestmark = pytest.mark.vllm
+
+from cpu_vllm import common_metadata, cpu_vllm_config  # noqa: E402
 
 from triton_mla_sparse.kv_format import pack_fp8_ds_mla, quantize_fp8  # noqa: E402
 from triton_mla_sparse.reference import sparse_mla_reference  # noqa: E402
@@ -33,95 +34,16 @@ REQUESTS = [(1, 150), (1, 94), (130, 200)]
 BLOCK_TABLE = [[5, 2, 7, 0], [9, 1, 0, 0], [3, 8, 4, 6]]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def vllm_ctx():
-    from vllm.config import (
-        CacheConfig,
-        DeviceConfig,
-        SchedulerConfig,
-        VllmConfig,
-        set_current_vllm_config,
-    )
-    from vllm.distributed import (
-        destroy_distributed_environment,
-        destroy_model_parallel,
-        init_distributed_environment,
-        initialize_model_parallel,
-    )
-
-    cfg = VllmConfig(
-        device_config=DeviceConfig(device="cpu"),
-        scheduler_config=SchedulerConfig(
-            max_num_batched_tokens=MAX_TOKENS,
-            max_num_seqs=8,
-            max_model_len=4096,
-            is_encoder_decoder=False,
-        ),
-        cache_config=CacheConfig(block_size=BLOCK, cache_dtype="auto"),
-    )
-    # A ModelConfig needs a Hugging Face checkpoint; the builder reads only these fields
-    # (DeepSeek-V3.2 geometry, 16 heads per rank as at TP8).
-    hf = NS(
-        index_topk=2048,
-        kv_lora_rank=512,
-        qk_nope_head_dim=128,
-        qk_rope_head_dim=64,
-        v_head_dim=128,
-        q_lora_rank=1536,
-    )
-    model = NS(
-        hf_text_config=hf,
-        max_model_len=4096,
-        dtype=torch.float16,
-        model_arch_config=NS(total_num_attention_heads=128),
-        get_num_attention_heads=lambda parallel_config: HEADS,
-    )
-    # No dense-MHA prefill backend: every token (prefill too) takes the sparse MQA path.
-    cfg.compilation_config.static_forward_context["layer.0"] = NS(prefill_backend=None)
-    with set_current_vllm_config(cfg):
-        init_distributed_environment(
-            world_size=1,
-            rank=0,
-            local_rank=0,
-            distributed_init_method=f"tcp://127.0.0.1:{_free_port()}",
-            backend="gloo",
-        )
-        initialize_model_parallel(1, 1)
-        # After the process groups: their setup reads ModelConfig fields the stand-in lacks.
-        object.__setattr__(cfg, "model_config", model)
-        try:
-            yield cfg
-        finally:
-            destroy_model_parallel()
-            destroy_distributed_environment()
+    with cpu_vllm_config(
+        heads=HEADS, block_size=BLOCK, max_tokens=MAX_TOKENS, max_model_len=4096, index_topk=2048
+    ) as cfg:
+        yield cfg
 
 
 def _common_metadata():
-    from vllm.v1.attention.backend import CommonAttentionMetadata
-
-    qlens = torch.tensor([q for q, _ in REQUESTS], dtype=torch.int32)
-    seqs = torch.tensor([s for _, s in REQUESTS], dtype=torch.int32)
-    qsl = torch.zeros(len(REQUESTS) + 1, dtype=torch.int32)
-    qsl[1:] = torch.cumsum(qlens, 0)
-    n = int(qsl[-1])
-    return CommonAttentionMetadata(
-        query_start_loc=qsl,
-        query_start_loc_cpu=qsl.clone(),
-        seq_lens=seqs,
-        num_reqs=len(REQUESTS),
-        num_actual_tokens=n,
-        max_query_len=int(qlens.max()),
-        max_seq_len=int(seqs.max()),
-        block_table_tensor=torch.tensor(BLOCK_TABLE, dtype=torch.int32),
-        slot_mapping=torch.zeros(n, dtype=torch.int64),
-        seq_lens_cpu_upper_bound=seqs.clone(),
-    )
+    return common_metadata(REQUESTS, BLOCK_TABLE)
 
 
 def _topk_buffer(gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:

@@ -11,7 +11,6 @@ are written directly (their writers are tested in test_vllm_indexer.py).
 
 from __future__ import annotations
 
-import socket
 from types import SimpleNamespace as NS
 
 import pytest
@@ -20,6 +19,7 @@ import torch
 pytest.importorskip("vllm", reason="vllm is not installed (CI installs vllm==0.33.0)")
 pytestmark = pytest.mark.vllm
 
+from cpu_vllm import common_metadata, cpu_vllm_config  # noqa: E402
 from test_vllm_indexer_glue import (  # noqa: E402
     cp_gather_indexer_k_quant_cache,
     top_k_per_row_decode,
@@ -41,94 +41,21 @@ REQUESTS = [(1, 150), (1, 200), (5, 170)]
 BLOCK_TABLE = [[5, 2, 7, 0], [9, 1, 3, 11], [4, 8, 6, 0]]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def vllm_ctx():
-    from vllm.config import (
-        CacheConfig,
-        DeviceConfig,
-        SchedulerConfig,
-        VllmConfig,
-        set_current_vllm_config,
-    )
-    from vllm.distributed import (
-        destroy_distributed_environment,
-        destroy_model_parallel,
-        init_distributed_environment,
-        initialize_model_parallel,
-    )
-    from vllm.v1.worker import workspace
-
-    cfg = VllmConfig(
-        device_config=DeviceConfig(device="cpu"),
-        scheduler_config=SchedulerConfig(
-            max_num_batched_tokens=MAX_TOKENS,
-            max_num_seqs=8,
-            max_model_len=1024,
-            is_encoder_decoder=False,
-        ),
-        cache_config=CacheConfig(block_size=BLOCK, cache_dtype="auto"),
-    )
-    hf = NS(
-        index_topk=TOPK,
-        kv_lora_rank=512,
-        qk_nope_head_dim=128,
-        qk_rope_head_dim=64,
-        v_head_dim=128,
-        q_lora_rank=1536,
-    )
-    model = NS(
-        hf_text_config=hf,
+    with cpu_vllm_config(
+        heads=HEADS,
+        block_size=BLOCK,
+        max_tokens=MAX_TOKENS,
         max_model_len=1024,
-        dtype=torch.float16,
-        model_arch_config=NS(total_num_attention_heads=128),
-        get_num_attention_heads=lambda parallel_config: HEADS,
-    )
-    cfg.compilation_config.static_forward_context["layer.0"] = NS(prefill_backend=None)
-    if workspace._manager is None:
-        workspace.init_workspace_manager(torch.device("cpu"))
-    with set_current_vllm_config(cfg):
-        init_distributed_environment(
-            world_size=1,
-            rank=0,
-            local_rank=0,
-            distributed_init_method=f"tcp://127.0.0.1:{_free_port()}",
-            backend="gloo",
-        )
-        initialize_model_parallel(1, 1)
-        object.__setattr__(cfg, "model_config", model)
-        try:
-            yield cfg
-        finally:
-            destroy_model_parallel()
-            destroy_distributed_environment()
+        index_topk=TOPK,
+        workspace=True,
+    ) as cfg:
+        yield cfg
 
 
 def _common():
-    from vllm.v1.attention.backend import CommonAttentionMetadata
-
-    qlens = torch.tensor([q for q, _ in REQUESTS], dtype=torch.int32)
-    seqs = torch.tensor([s for _, s in REQUESTS], dtype=torch.int32)
-    qsl = torch.zeros(len(REQUESTS) + 1, dtype=torch.int32)
-    qsl[1:] = qlens.cumsum(0)
-    n = int(qsl[-1])
-    return CommonAttentionMetadata(
-        query_start_loc=qsl,
-        query_start_loc_cpu=qsl.clone(),
-        seq_lens=seqs,
-        num_reqs=len(REQUESTS),
-        num_actual_tokens=n,
-        max_query_len=int(qlens.max()),
-        max_seq_len=int(seqs.max()),
-        block_table_tensor=torch.tensor(BLOCK_TABLE, dtype=torch.int32),
-        slot_mapping=torch.zeros(n, dtype=torch.int64),
-        seq_lens_cpu_upper_bound=seqs.clone(),
-    )
+    return common_metadata(REQUESTS, BLOCK_TABLE)
 
 
 def _indexer_builder(cfg):
