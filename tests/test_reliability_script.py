@@ -241,3 +241,28 @@ def test_ptx_jit_emulation(tmp_path):
     script.write_text(_PTX.format(bench=BENCH, cache=str(tmp_path / "cache")))
     p = _run([str(script)], interpret=False)
     assert p.returncode == 0 and p.stdout.strip() == "ok", p.stdout[-3000:] + p.stderr[-3000:]
+
+
+@pytest.mark.parametrize(
+    "lse_ref,err,ok",
+    [
+        (16.0, 1.5e-5, True),  # the H200 graph suite's fp32 level at |LSE| 16: within 2e-5
+        (16.0, 3.0e-5, False),
+        (4.0, 1.5e-5, False),  # below the tests' range the absolute 1e-5 holds
+        (-16.0, 1.9e-5, True),
+    ],
+)
+def test_fp32_lse_tolerance_scales_with_lse(lse_ref, err, ok):
+    """fp32 LSE: 1e-5 up to |LSE| 8, in proportion above; other dtypes keep their atol."""
+    reliability = _reliability()
+    kind = reliability.Kind("auto-fp32", torch.float32, "auto")
+    case = reliability.Case(kind, 1, 2, 4, lse=True)
+    out = torch.ones(1, 2, 8)
+    ref_lse = torch.full((1, 2), lse_ref)
+    fails, _, _ = reliability.check(case, out, ref_lse + err, out.clone(), ref_lse, None)
+    assert (not fails) == ok, fails
+    bf16 = reliability.Case(
+        reliability.Kind("auto-bf16", torch.bfloat16, "auto"), 1, 2, 4, lse=True
+    )
+    fails, _, _ = reliability.check(bf16, out, ref_lse + 2e-2, out.clone(), ref_lse, None)
+    assert fails  # bf16's 1e-2 is absolute at any |LSE|
