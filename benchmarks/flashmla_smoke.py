@@ -25,7 +25,15 @@ import traceback
 
 import torch
 
-from triton_mla_sparse.bench import TOLERANCE, check_rows, prepare, rel_err, time_events, time_graph
+from triton_mla_sparse.bench import (
+    TOLERANCE,
+    capture_graph,
+    check_rows,
+    prepare,
+    rel_err,
+    time_events,
+    time_graph,
+)
 from triton_mla_sparse.peers import flashmla
 from triton_mla_sparse.workloads import Case
 
@@ -60,14 +68,7 @@ CASES = {
 
 def _graph_output(run) -> torch.Tensor:
     """The output of ``run`` captured in a CUDA graph and replayed once (warmed on a side stream)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        run()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = run()
+    graph, out = capture_graph(run)
     graph.replay()
     torch.cuda.synchronize()
     return out

@@ -40,6 +40,7 @@ from test_sparse_mla import (
 )
 
 from triton_mla_sparse import KernelConfig, pack_fp8_ds_mla, sparse_mla
+from triton_mla_sparse.bench import capture_graph
 from triton_mla_sparse.kv_format import dequantize_cache, quantize_fp8
 from triton_mla_sparse.ops.sparse_mla.heuristics import arch_of, choose_config, split_len_for
 from triton_mla_sparse.reference import sparse_mla_reference
@@ -389,14 +390,7 @@ def test_cuda_graph_replay_with_new_inputs(fmt, heads, tokens, table):
 
     call()  # compile outside capture
     torch.cuda.synchronize()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        call()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        lse = call()
+    graph, lse = capture_graph(call)
     for seed in (2, 3, 4):
         wl.refill(seed)
         out.fill_(float("nan"))

@@ -65,19 +65,27 @@ def time_events(fn, reps: int = 20, warmup: int = 3, warmup_ms: float = 200.0) -
     return statistics.median(times)
 
 
-def time_graph(fn, reps: int = 30, calls_per_graph: int = 20) -> float:
-    """Median µs per call from CUDA-graph replays (``calls_per_graph`` calls captured back to back)."""
-    fn()  # compile and warm outside capture
-    torch.cuda.synchronize()
+def capture_graph(fn, calls: int = 1) -> tuple[torch.cuda.CUDAGraph, object]:
+    """``fn`` warmed on a side stream (as capture requires), then ``calls`` calls captured back to
+    back; returns the graph and what the last captured call returned (its output tensors)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         fn()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
+    result = None
     with torch.cuda.graph(graph):
-        for _ in range(calls_per_graph):
-            fn()
+        for _ in range(calls):
+            result = fn()
+    return graph, result
+
+
+def time_graph(fn, reps: int = 30, calls_per_graph: int = 20) -> float:
+    """Median µs per call from CUDA-graph replays (``calls_per_graph`` calls captured back to back)."""
+    fn()  # compile and warm outside capture
+    torch.cuda.synchronize()
+    graph, _ = capture_graph(fn, calls_per_graph)
     graph.replay()
     torch.cuda.synchronize()
     return time_events(graph.replay, reps=reps, warmup=2) / calls_per_graph
