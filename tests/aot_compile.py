@@ -226,6 +226,17 @@ def _source(fn, args, kwargs):
     ), options
 
 
+def _dump_asm(job: dict, compiled, nth: int) -> None:
+    """With TMS_ASM_DIR set, write the kernel's PTX (or AMDGCN) as DIR/<job key>.<nth>.<ext>
+    (nth: the launcher's 1st, 2nd... kernel), for benchmarks/asm_equivalence.py."""
+    out = os.environ.get("TMS_ASM_DIR")
+    if not out:
+        return
+    ext = "amdgcn" if "amdgcn" in compiled.asm else "ptx"
+    with open(os.path.join(out, f"{job['key']}.{nth}.{ext}"), "w") as f:
+        f.write(compiled.asm[ext])
+
+
 def run_job(job: dict) -> dict:
     res = {}
     try:
@@ -238,6 +249,7 @@ def run_job(job: dict) -> dict:
             src, options = _source(fn, args, dict(kwargs))
             compiled = triton.compile(src, target=_target(job["arch"]), options=options)
             res[fn.__name__] = {"shared": int(compiled.metadata.shared)}
+            _dump_asm(job, compiled, len(res))
         except Exception as e:  # keep going: report every failing configuration
             msg = f"{type(e).__name__}: {e}"
             res[fn.__name__] = {"error": msg[-2000:]}
@@ -249,7 +261,7 @@ def main() -> None:
     jobs_path, results_path = sys.argv[1], sys.argv[2]
     with open(jobs_path) as f:
         jobs = json.load(f)
-    results = {key: run_job(job) for key, job in jobs.items()}
+    results = {key: run_job({**job, "key": key}) for key, job in jobs.items()}
     with open(results_path, "w") as f:
         json.dump(results, f, indent=1)
 

@@ -1,0 +1,143 @@
+"""Does a refactor change the generated code? Compile a job set at two source trees, diff the PTX.
+
+A kernel refactor that leaves every PTX (AMDGCN on AMD) unchanged, up to kernel names and debug
+line info, changes nothing a GPU could observe: every result measured on the GPU (sanitizers,
+correctness, timings) carries over. That is what this checks, without a GPU, through the same
+ahead-of-time path as tests/test_compile.py (tests/aot_compile.py records the real launcher's
+calls and compiles them with ``triton.compile``).
+
+    python benchmarks/asm_equivalence.py jobs JOBS.json [--full cuda:90,cuda:80]
+    python benchmarks/asm_equivalence.py dump JOBS.json DIR --tree PATH [--workers 2]
+    python benchmarks/asm_equivalence.py diff DIR_A DIR_B
+
+``jobs``: the compile test's default job set, plus every configuration the heuristics choose
+for the ``--full`` targets (rope 64, serving flags). ``dump``: compile it with the source tree at
+PATH (its ``src`` and ``tests/aot_compile.py``; a ``git worktree`` of the old revision) and write
+one file per kernel into DIR. ``diff``: compare two dumps file by file; exit 1 on any difference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cmd_jobs(args: argparse.Namespace) -> None:
+    sys.path.insert(0, str(ROOT / "tests"))
+    import test_compile as tc
+
+    from triton_mla_sparse.ops.sparse_mla.heuristics import TARGETS
+
+    jobs = dict(tc.make_jobs())
+    full = set(filter(None, args.full.split(",")))
+    for arch in TARGETS:
+        if tc.arch_name(arch) in full:
+            for cfg in sorted(tc.chosen(arch)):
+                key, job = tc._job(arch, cfg, 64)
+                jobs[key] = job
+    Path(args.out).write_text(json.dumps(jobs, indent=1))
+    print(f"{len(jobs)} jobs -> {args.out}")
+
+
+def cmd_dump(args: argparse.Namespace) -> None:
+    tree = Path(args.tree).resolve()
+    out = Path(args.dir).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    jobs = json.loads(Path(args.jobs).read_text())
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(tree / "src")
+    env["TMS_ASM_DIR"] = str(out)
+    keys = sorted(jobs)
+    procs = []
+    for i in range(args.workers):
+        part = {k: jobs[k] for k in keys[i :: args.workers]}
+        jp, rp = out / f"_jobs{i}.json", out / f"_results{i}.json"
+        jp.write_text(json.dumps(part))
+        worker = str(tree / "tests" / "aot_compile.py")
+        procs.append(subprocess.Popen([sys.executable, worker, str(jp), str(rp)], env=env))
+    if any(p.wait() for p in procs):
+        sys.exit("a compile worker failed")
+    errors = {}
+    for i in range(args.workers):
+        for key, res in json.loads((out / f"_results{i}.json").read_text()).items():
+            for name, r in res.items():
+                if "error" in r:
+                    errors[f"{key} {name}"] = r["error"][-300:]
+    print(f"{len(jobs)} jobs compiled into {out}; {len(errors)} errors")
+    for k, e in errors.items():
+        print(f"  {k}: {e}")
+
+
+_ENTRY = re.compile(r"^\s*(?:\.visible\s+)?\.entry\s+(\w+)|^\s*\.globl\s+(\w+)", re.M)
+
+
+def normalize(text: str) -> str:
+    """The code without what a rename or a moved line changes: kernel names, .loc/.file lines,
+    DWARF sections, comments and AMDGPU metadata strings holding paths."""
+    names = {a or b for a, b in _ENTRY.findall(text)}
+    lines = []
+    in_debug = False
+    for line in text.splitlines():
+        s = line.strip()
+        if s.startswith(".section") and ".debug" in s:
+            in_debug = True
+        if in_debug:
+            if s == "}":
+                in_debug = False
+            continue
+        if s.startswith((".loc", ".file", "//", ";")) or not s:
+            continue
+        lines.append(s)
+    body = "\n".join(lines)
+    for i, n in enumerate(sorted(names, key=len, reverse=True)):
+        body = body.replace(n, f"KERNEL{i}")
+    return body
+
+
+def cmd_diff(args: argparse.Namespace) -> None:
+    a, b = Path(args.a), Path(args.b)
+    fa = {p.name for p in a.iterdir() if not p.name.startswith("_")}
+    fb = {p.name for p in b.iterdir() if not p.name.startswith("_")}
+    only = sorted(fa ^ fb)
+    same, diff = [], []
+    for name in sorted(fa & fb):
+        ta, tb = (normalize((d / name).read_text()) for d in (a, b))
+        (same if ta == tb else diff).append(name)
+    print(f"{len(same)} identical, {len(diff)} different, {len(only)} in one dump only")
+    for n in diff:
+        print(f"  differs: {n}")
+    for n in only:
+        print(f"  only in {'A' if n in fa else 'B'}: {n}")
+    sys.exit(1 if diff or only else 0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("jobs")
+    p.add_argument("out")
+    p.add_argument("--full", default="cuda:90,cuda:80", help="targets compiled in full")
+    p.set_defaults(fn=cmd_jobs)
+    p = sub.add_parser("dump")
+    p.add_argument("jobs")
+    p.add_argument("dir")
+    p.add_argument("--tree", default=str(ROOT), help="source tree to compile (default: this one)")
+    p.add_argument("--workers", type=int, default=2)
+    p.set_defaults(fn=cmd_dump)
+    p = sub.add_parser("diff")
+    p.add_argument("a")
+    p.add_argument("b")
+    p.set_defaults(fn=cmd_diff)
+    args = ap.parse_args()
+    args.fn(args)
+
+
+if __name__ == "__main__":
+    main()
