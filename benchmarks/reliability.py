@@ -347,41 +347,47 @@ class Tap:
         return call
 
 
-_TAPS: dict[str, Tap] = {}
+_TAPS: dict[str, Tap] = {}  # one per forward family (launch.FORWARD), and "merge"
 
 
-def install_taps() -> tuple[Tap, Tap]:
+def install_taps() -> dict[str, Tap]:
     if not _TAPS:
-        _TAPS["fwd"] = Tap(launch_mod.sparse_mla_fwd_kernel)
+        for family, kernel in list(launch_mod.FORWARD.items()):
+            _TAPS[family] = launch_mod.FORWARD[family] = Tap(kernel)
         _TAPS["merge"] = Tap(launch_mod.sparse_mla_merge_kernel)
-        launch_mod.sparse_mla_fwd_kernel = _TAPS["fwd"]
         launch_mod.sparse_mla_merge_kernel = _TAPS["merge"]
-    return _TAPS["fwd"], _TAPS["merge"]
+    return _TAPS
 
 
 @contextlib.contextmanager
 def tap_mode(mode: str):
-    fwd, merge = install_taps()
-    old = fwd.mode
-    fwd.mode = merge.mode = mode
-    fwd.calls.clear()
-    merge.calls.clear()
+    taps = install_taps()
+    old = {name: t.mode for name, t in taps.items()}
+    for t in taps.values():
+        t.mode = mode
+        t.calls.clear()
     try:
-        yield fwd, merge
+        yield taps
     finally:
-        fwd.mode = merge.mode = old
+        for name, t in taps.items():
+            t.mode = old[name]
 
 
 def _dt(x: Any) -> str:
     return str(x.dtype).replace("torch.", "") if hasattr(x, "dtype") else type(x).__name__
 
 
-def variant_keys(fwd: Tap, merge: Tap) -> tuple[str, str | None]:
-    """The compiled variants of one call: forward (q and cache dtypes, constexprs, launch
-    options) and merge (output dtype, constexprs, launch options), or None without a merge."""
-    assert len(fwd.calls) == 1 and len(merge.calls) <= 1, (len(fwd.calls), len(merge.calls))
-    a, kw = fwd.calls[0]
-    key = f"fwd q={_dt(a[0])} kv={_dt(a[2])} " + " ".join(f"{k}={v}" for k, v in sorted(kw.items()))
+def variant_keys(taps: dict[str, Tap]) -> tuple[str, str | None]:
+    """The compiled variants of one call: forward (family, q and cache dtypes, constexprs,
+    launch options) and merge (output dtype, constexprs, launch options), or None without a
+    merge."""
+    fwd = [(name, a, kw) for name, t in taps.items() if name != "merge" for a, kw in t.calls]
+    merge = taps["merge"]
+    assert len(fwd) == 1 and len(merge.calls) <= 1, (len(fwd), len(merge.calls))
+    family, a, kw = fwd[0]
+    key = f"fwd {family} q={_dt(a[0])} kv={_dt(a[2])} " + " ".join(
+        f"{k}={v}" for k, v in sorted(kw.items())
+    )
     mkey = None
     if merge.calls:
         ma, mkw = merge.calls[0]
@@ -423,9 +429,9 @@ def dry_run(case: Case, device, arch) -> tuple[str, str | None]:
         kw["k_scale"] = _zeros((1,), torch.float32, device)
     elif k.scale == "float":
         kw["k_scale"] = 1.0
-    with tap_mode("record") as (fwd, merge):
+    with tap_mode("record") as taps:
         sparse_mla(q, cache, _zeros((1, 1), i32, device).expand(T, W), 0.05, **kw)
-        return variant_keys(fwd, merge)
+        return variant_keys(taps)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -894,7 +900,7 @@ class Runner:
         return res
 
     def _call(self, case, inp_dev: dict, out, mode: str = "launch"):
-        with tap_mode(mode) as (fwd, merge):
+        with tap_mode(mode) as taps:
             r = sparse_mla(
                 inp_dev["q"],
                 inp_dev["kv"],
@@ -905,7 +911,7 @@ class Runner:
                 config=case.override(self.arch),
                 **inp_dev["kw"],
             )
-            return r, variant_keys(fwd, merge)
+            return r, variant_keys(taps)
 
     def _launched(self, keys, got) -> list[str]:
         if got != keys:
@@ -956,7 +962,7 @@ class Runner:
 
         limit = self.arch.smem_bytes
         fails, lines = [], []
-        for tap in (_TAPS["fwd"], _TAPS["merge"]):
+        for tap in _TAPS.values():
             for ck in ptx_jit.loaded(tap.real):
                 if id(ck) in self.seen_binaries:
                     continue

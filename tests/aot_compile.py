@@ -2,7 +2,7 @@
 
 Runs without a GPU and without TRITON_INTERPRET (the jit decorator picks the interpreter when the
 kernels module is imported, so this must be a fresh process). For each job it calls the real
-launcher, ``launch.launch_sparse_mla``, on small CPU tensors with the kernels swapped for recorders,
+launcher, ``launch.launch_sparse_mla`` with the plan ``plan.make_plan`` makes, on small CPU tensors with the kernels swapped for recorders,
 so the argument lists, constexprs and launch options are exactly the ones a GPU launch would use.
 Each recorded call is then specialised the way Triton's runtime does it (pointer dtypes, 16-byte
 alignment, integers equal to 1 folded into constants) and compiled with ``triton.compile`` for the
@@ -39,9 +39,9 @@ except ImportError:  # pragma: no cover - older Triton (the GPU host runs 3.6)
 
 from triton_mla_sparse.ops.sparse_mla import kernels, launch  # noqa: E402
 from triton_mla_sparse.ops.sparse_mla.heuristics import Arch, KernelConfig  # noqa: E402
+from triton_mla_sparse.ops.sparse_mla.plan import make_plan  # noqa: E402
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
-FORMAT_CODE = {"auto": 0, "fp8": 1, "fp8_ds_mla": 2}
 
 
 class _Recorder:
@@ -152,28 +152,29 @@ def _record(job: dict) -> list:
     )
     backend, cc = job["arch"].split(":")
     arch = Arch(backend, int(cc) if backend == "cuda" else cc)  # the runtime's own flags
-    fwd = _Recorder(kernels.sparse_mla_fwd_kernel)
-    merge = _Recorder(kernels.sparse_mla_merge_kernel)
-    launch.sparse_mla_fwd_kernel, launch.sparse_mla_merge_kernel = fwd, merge
-    launch.launch_sparse_mla(
-        q_lat,
-        q_rope,
-        cache,
-        indices,
-        counts,
-        bt,
-        req,
-        64,
-        None,
-        1.0,
-        out,
-        lse,
-        0.04,
-        FORMAT_CODE[fmt],
-        arch.fp8_native,
-        arch.pdl,  # programmatic dependent launch where the runtime uses it
-        cfg,
+    plan = make_plan(
+        num_tokens=T,
+        num_heads=H,
+        latent=L,
+        rope=R,
+        width=W,
+        dtype=dtype,
+        kv_format=fmt,
+        arch=arch,
+        on_gpu=True,  # programmatic dependent launch where the runtime uses it
+        page_size=cache.shape[1],
+        has_counts=counts is not None,
+        block_size=64 if bt is not None else None,
+        store_lse=lse is not None,
+        config=cfg,
     )
+    fwd = _Recorder(launch.FORWARD[plan.family])
+    merge = _Recorder(kernels.sparse_mla_merge_kernel)
+    launch.FORWARD[plan.family], launch.sparse_mla_merge_kernel = fwd, merge
+    launch.launch_sparse_mla(
+        plan, q_lat, q_rope, cache, indices, counts, bt, req, None, 1.0, out, lse, 0.04
+    )
+    launch.FORWARD[plan.family], launch.sparse_mla_merge_kernel = fwd.fn, merge.fn
     assert len(fwd.calls) == 1 and len(merge.calls) == (1 if job["split"] else 0)
     return fwd.calls + merge.calls
 

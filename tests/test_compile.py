@@ -40,6 +40,7 @@ from triton_mla_sparse.ops.sparse_mla.heuristics import (
     fp16_mma_for,
     split_len_for,
 )
+from triton_mla_sparse.ops.sparse_mla.plan import FAMILY_OF
 
 HERE = Path(__file__).resolve().parent
 FULL = os.environ.get("TMS_COMPILE_ALL", "0") == "1"
@@ -281,7 +282,8 @@ def test_compiles_and_fits_shared_memory(compiled, key):
     elif op == "indexer_mqa":
         kernels = ["mqa_logits_kernel"]
     else:
-        kernels = ["sparse_mla_fwd_kernel"] + (
+        family = FAMILY_OF[JOBS[key]["fmt"]]
+        kernels = [f"sparse_mla_{family}_fwd_kernel"] + (
             ["sparse_mla_merge_kernel"] if JOBS[key]["split"] else []
         )
     limit = SMEM[JOBS[key]["arch"]]

@@ -103,8 +103,10 @@ def test_list_enumerates_the_sm90_variants():
     for feature in (
         "FP8_NATIVE=False",
         "K_SCALE_PTR=True",
-        "KV_FORMAT=2",
-        "DS_STAGE=True",
+        "fwd ds_mla ",
+        "fwd latent ",
+        "E4M3=True",
+        "STAGE=True",
         "IDX_AHEAD=True",
         "SPLIT=True",
         "HAS_BT=True",

@@ -129,6 +129,10 @@ def config_for(
     cfg = dataclasses.replace(cfg, fp8_native=native)
     if splits is not None:
         cfg = dataclasses.replace(cfg, num_splits=splits)
+    if loop and fmt == "fp8_ds_mla":
+        # that family has no step-ahead loop: it measured 40% slower (perf-log/06-sweep-ahead-
+        # indices.json, 128 x 16: 226 vs 162 us) and sparse_mla refuses it (test_validation)
+        pytest.skip("the fp8_ds_mla kernel family has no step-ahead index loop")
     if loop is not None:
         stages = 3 if loop else cfg.num_stages
         cfg = dataclasses.replace(cfg, idx_ahead=loop, num_stages=stages)

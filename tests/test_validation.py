@@ -199,6 +199,20 @@ CASES = {
         ValueError,
         ["idx_ahead", "block_table"],
     ),
+    "ds-mla-idx-ahead-config": (
+        dict(
+            kv_cache=u8(N, 656),
+            kv_format="fp8_ds_mla",
+            config=KernelConfig(16, 32, 4, 3, idx_ahead=True),
+        ),
+        ValueError,
+        ["idx_ahead", "fp8_ds_mla"],
+    ),
+    "stage-dequant-latent-config": (
+        dict(config=KernelConfig(16, 32, 4, 2, stage_dequant=True)),
+        ValueError,
+        ["stage_dequant", "fp8_ds_mla", "'auto'"],
+    ),
     "out-shape": (dict(out=f16(T, H, L + R)), ValueError, ["out", "(3, 4, 576)"]),
     "out-heads": (dict(out=f16(T, H + 1, L)), ValueError, ["out"]),
     "out-dtype": (dict(out=f16(T, H, L).float()), TypeError, ["out", "float32"]),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import numbers
 import os
@@ -12,10 +11,10 @@ import torch
 from ...kv_format import DS_MLA_LATENT, DS_MLA_ROPE, DS_MLA_ROW_BYTES, KV_FORMATS
 from ..host import describe as _shape
 from ..host import is_pow2 as _is_pow2
-from .heuristics import KernelConfig, arch_of, choose_config, fp16_mma_for
+from .heuristics import KernelConfig, arch_of
+from .plan import FAMILY_OF, LATENT, make_plan
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-_FORMAT_CODE = {"auto": 0, "fp8": 1, "fp8_ds_mla": 2}
 
 
 def _interpreted() -> bool:
@@ -303,6 +302,16 @@ def sparse_mla(
             "does not do with a block_table (the block-table lookup keeps the in-step loop; "
             "choose_config(..., block_table=True) never picks it): pass idx_ahead=False"
         )
+    if config is not None and config.idx_ahead and FAMILY_OF[fmt] != LATENT:
+        raise ValueError(
+            f"config {config} asks for indices a step ahead (idx_ahead=True), which the "
+            f"kv_format={fmt!r} kernel does not do: pass idx_ahead=False"
+        )
+    if config is not None and config.stage_dequant and fmt != "fp8_ds_mla":
+        raise ValueError(
+            f"config {config} asks for stage_dequant=True, which applies to "
+            f"kv_format='fp8_ds_mla' only (got kv_format={fmt!r})"
+        )
     if device.type == "cpu" and not _interpreted():
         raise ValueError(
             "sparse_mla runs on CUDA/ROCm tensors (CPU tensors only under TRITON_INTERPRET=1); "
@@ -315,15 +324,29 @@ def sparse_mla(
     if T == 0:
         return (out, lse) if return_lse else out
 
+    plan = make_plan(
+        num_tokens=T,
+        num_heads=H,
+        latent=L,
+        rope=R,
+        width=W,
+        dtype=dtype,
+        kv_format=fmt,
+        arch=arch_of(device),
+        on_gpu=device.type == "cuda",
+        page_size=kv_cache.shape[1] if kv_cache.dim() == 3 else 1,
+        has_counts=valid_counts is not None,
+        block_size=block_size if has_bt else None,
+        k_scale_tensor=k_scale_ptr is not None,
+        store_lse=return_lse,
+        config=config,
+    )
     from .launch import launch_sparse_mla  # Triton import deferred: nothing compiles at import
 
-    arch = arch_of(device)
-    cfg = config or choose_config(T, H, W, dtype, fmt, arch, block_table=has_bt)
-    if cfg.fp16_mma is None:
-        cfg = dataclasses.replace(cfg, fp16_mma=fp16_mma_for(dtype, fmt, arch, cfg.block_h))
     if kv_cache.dtype == torch.float8_e4m3fn:
         kv_cache = kv_cache.view(torch.uint8)
     launch_sparse_mla(
+        plan,
         q_lat,
         q_rope,
         kv_cache,
@@ -331,16 +354,10 @@ def sparse_mla(
         valid_counts,
         block_table,
         req_ids,
-        block_size or 1,
         k_scale_ptr,
         k_scale_val,
         out,
         lse,
         softmax_scale,
-        _FORMAT_CODE[fmt],
-        arch.fp8_native if cfg.fp8_native is None else cfg.fp8_native,
-        # never under the interpreter (CPU tensors), where griddepcontrol has no meaning
-        device.type == "cuda" and arch.pdl and cfg.pdl is not False,
-        cfg,
     )
     return (out, lse) if return_lse else out

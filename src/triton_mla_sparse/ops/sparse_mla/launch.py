@@ -1,16 +1,22 @@
-"""Grid and argument plumbing for the sparse MLA kernels (imported lazily by the interface)."""
+"""Executes a launch plan (plan.py): workspaces, strides, the forward kernel, the merge.
+
+Decides nothing: every choice is in the plan. Imported lazily by the interface (it imports
+Triton and the kernels; nothing is compiled or launched at import).
+"""
 
 from __future__ import annotations
 
 import torch
 
-from .heuristics import KernelConfig, split_len_for
-from .kernels import sparse_mla_fwd_kernel, sparse_mla_merge_kernel
+from .kernels import (
+    sparse_mla_ds_mla_fwd_kernel,
+    sparse_mla_latent_fwd_kernel,
+    sparse_mla_merge_kernel,
+)
+from .plan import DS_MLA, LATENT, LaunchPlan
 
-
-def _shift(n: int) -> int:
-    """log2(n) for a power of two, else -1 (general division in the kernel)."""
-    return n.bit_length() - 1 if n > 0 and n & (n - 1) == 0 else -1
+# the forward kernel of each family (looked up per call: tools swap entries for recorders)
+FORWARD = {LATENT: sparse_mla_latent_fwd_kernel, DS_MLA: sparse_mla_ds_mla_fwd_kernel}
 
 
 def _cache_geometry(kv_cache: torch.Tensor) -> tuple[int, int, int, int, int]:
@@ -22,6 +28,7 @@ def _cache_geometry(kv_cache: torch.Tensor) -> tuple[int, int, int, int, int]:
 
 
 def launch_sparse_mla(
+    plan: LaunchPlan,
     q_lat: torch.Tensor,
     q_rope: torch.Tensor | None,
     kv_cache: torch.Tensor,
@@ -29,39 +36,25 @@ def launch_sparse_mla(
     valid_counts: torch.Tensor | None,
     block_table: torch.Tensor | None,
     req_ids: torch.Tensor | None,
-    bt_block_size: int,
     k_scale_ptr: torch.Tensor | None,
     k_scale_val: float,
     out: torch.Tensor,
     lse: torch.Tensor | None,
     softmax_scale: float,
-    kv_format: int,
-    fp8_native: bool,
-    pdl: bool,
-    cfg: KernelConfig,
 ) -> None:
-    if cfg.idx_ahead and block_table is not None:
-        # KernelConfig.idx_ahead: no step-ahead loop through a block table (the interface
-        # refuses such a config; the heuristics never choose it)
-        raise ValueError(f"{cfg} has idx_ahead=True, which a block-table launch cannot run")
-    T, H, L = q_lat.shape
-    R = 0 if q_rope is None else q_rope.shape[-1]
+    T, H, _ = q_lat.shape
     W = indices.shape[1]
     num_rows, page, s_kb, s_kr, s_kd = _cache_geometry(kv_cache)
-    split_len, num_splits = split_len_for(W, cfg.num_splits, cfg.block_n)
-    num_hb = -(-H // cfg.block_h)
-    split = num_splits > 1
-    pdl = pdl and split
-    dummy = indices
+    dummy = indices  # any tensor, for pointers a variant never reads
     q_r = q_rope if q_rope is not None else q_lat
-    if split:
-        o_part = torch.empty((T, num_splits, H, L), dtype=torch.float32, device=out.device)
-        lse_part = torch.empty((T, num_splits, H), dtype=torch.float32, device=out.device)
+    if plan.workspace is not None:
+        o_part = torch.empty(plan.workspace, dtype=torch.float32, device=out.device)
+        lse_part = torch.empty(plan.workspace[:3], dtype=torch.float32, device=out.device)
     else:
         o_part = lse_part = dummy
     bt = block_table if block_table is not None else dummy
-    grid = (T * num_splits * num_hb,)
-    sparse_mla_fwd_kernel[grid](
+    cfg = plan.config
+    FORWARD[plan.family][plan.grid](
         q_lat,
         q_r,
         kv_cache,
@@ -80,9 +73,9 @@ def launch_sparse_mla(
         W,
         num_rows,
         page,
-        split_len,
-        num_splits,
-        num_hb,
+        plan.split_len,
+        cfg.num_splits,
+        plan.num_head_blocks,
         *q_lat.stride(),
         *q_r.stride(),
         s_kb,
@@ -93,46 +86,24 @@ def launch_sparse_mla(
         bt.stride(1) if block_table is not None else 0,
         valid_counts.stride(0) if valid_counts is not None else 0,
         req_ids.stride(0) if req_ids is not None else 0,
-        bt_block_size,
+        plan.bt_block_size,
         bt.shape[1] if block_table is not None else 0,
         *out.stride(),
-        L=L,
-        R=R,
-        BLOCK_H=cfg.block_h,
-        BLOCK_N=cfg.block_n,
-        KV_FORMAT=kv_format,
-        FP8_NATIVE=fp8_native,
-        MMA_FP16=kv_format != 0 and q_lat.dtype != torch.float32 and cfg.fp16_mma is not False,
-        DS_STAGE=cfg.stage_dequant,
-        HAS_COUNTS=valid_counts is not None,
-        HAS_BT=block_table is not None,
-        BT_SHIFT=_shift(bt_block_size),
-        PAGE_SHIFT=_shift(page),
-        K_SCALE_PTR=k_scale_ptr is not None,
-        SPLIT=split,
-        STORE_LSE=lse is not None,
-        DOT_PRECISION="ieee" if q_lat.dtype == torch.float32 else "tf32",
-        IDX_AHEAD=cfg.idx_ahead,
-        PDL=pdl,
+        **plan.constexprs,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
-    if split:
-        s_pad = 1 << (num_splits - 1).bit_length()
-        block_l = max(64, min(L, 4096 // s_pad))
-        sparse_mla_merge_kernel[(T * H, -(-L // block_l))](
+    m = plan.merge
+    if m is not None:
+        sparse_mla_merge_kernel[m.grid](
             o_part,
             lse_part,
             out,
             lse if lse is not None else dummy,
             H,
-            num_splits,
+            cfg.num_splits,
             *out.stride(),
-            L=L,
-            S_PAD=s_pad,
-            BLOCK_L=block_l,
-            STORE_LSE=lse is not None,
-            PDL=pdl,
-            num_warps=4,
-            **({"launch_pdl": True} if pdl else {}),
+            **m.constexprs,
+            num_warps=m.num_warps,
+            **({"launch_pdl": True} if m.pdl else {}),
         )

@@ -1,0 +1,223 @@
+"""The fp8_ds_mla family: 656-byte rows of 512 e4m3 latent values in four 128-wide chunks, each
+with its own fp32 scale, then 64 bf16 rope values (kv_format.py has the layout).
+
+Same program layout as the latent family (latent.py), but the latent tile is four chunk tiles:
+a chunk's scale multiplies its logits column-wise and is folded into P before its PV dot, so
+the e4m3 -> MMA-type conversion stays a plain elementwise cast on the operand.
+"""
+
+import triton
+import triton.language as tl
+
+from ...common import _e4m3_to
+from .shared import (
+    _head_offsets,
+    _load_idx,
+    _load_q_rope,
+    _out_rows,
+    _program_coords,
+    _row_offsets,
+    _softmax_step,
+    _split_bounds,
+    _store_cols,
+    _store_lse,
+)
+
+
+@triton.jit
+def _ds_chunk(
+    STAGE: tl.constexpr,
+    KV,
+    o_row,
+    m_n,
+    G: tl.constexpr,
+    C: tl.constexpr,
+    L: tl.constexpr,
+    dtype: tl.constexpr,
+    FP8_NATIVE: tl.constexpr,
+):
+    # chunk G of BLOCK_N rows: (e4m3 latent [BLOCK_N, C] cast to `dtype`, unscaled; its float32
+    # scale per row [BLOCK_N]). The integer decode leaves a factor 2^(7-15), put back through
+    # the scale.
+    o_c = tl.arange(0, C)
+    b_k8 = tl.load(KV + o_row[:, None] + (G * C + o_c[None, :]), mask=m_n[:, None], other=0)
+    p_sc = (KV + o_row + L + 4 * G).to(tl.pointer_type(tl.float32))
+    b_sc = tl.load(p_sc, mask=m_n, other=0.0)
+    if not FP8_NATIVE:
+        b_sc = b_sc * 256.0
+    b_k = _e4m3_to(b_k8, dtype, FP8_NATIVE)
+    if STAGE:
+        # masking after the cast keeps Triton from hoisting the cast into each dot's operand
+        # layout: the tile is converted once and staged through shared memory as fp16, instead
+        # of being re-read byte by byte (transposed, bank-conflicted) for the PV dot
+        b_k = tl.where(m_n[:, None], b_k, 0.0)
+    return b_k, b_sc
+
+
+@triton.jit
+def _ds_rope(KV, o_row, m_n, dtype: tl.constexpr, L: tl.constexpr, R: tl.constexpr):
+    # the bf16 rope values after the four fp32 scales -> [BLOCK_N, R] in `dtype`
+    o_r = tl.arange(0, R)
+    p_rope = (KV + o_row + L + 16).to(tl.pointer_type(tl.bfloat16))
+    return tl.load(p_rope[:, None] + o_r[None, :], mask=m_n[:, None], other=0.0).to(dtype)
+
+
+@triton.jit
+def _ds_pv(b_pr, b_c, b_k, b_a, b_alpha, dtype: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    # one chunk's accumulator after a step: rescaled by alpha, plus (P * chunk scale) @ V chunk
+    return tl.dot(
+        (b_pr * b_c[None, :]).to(dtype), b_k, b_a * b_alpha[:, None], input_precision=DOT_PRECISION
+    )
+
+
+@triton.jit
+def sparse_mla_ds_mla_fwd_kernel(
+    Q_nope,  # [T, H, 512]
+    Q_rope,  # [T, H, R], R = 64 or 0
+    KV,  # uint8 656-byte rows, paged as in latent.py (unit column stride)
+    Idx,  # int32 [T, W]
+    Counts,  # int32 [T], any stride (HAS_COUNTS)
+    BlockTable,  # int32 [num_reqs, max_blocks] (HAS_BT)
+    ReqIds,  # int32 [T], any stride (HAS_BT)
+    KScale,  # unused (the launch's common argument list)
+    Out,  # [T, H, L] q dtype (not SPLIT)
+    Lse,  # fp32 [T, H] (STORE_LSE)
+    OPart,  # fp32 [T, S, H, L] (SPLIT)
+    LsePart,  # fp32 [T, S, H] (SPLIT)
+    sm_scale,
+    k_scale_val,  # unused
+    H,
+    W,
+    num_rows,
+    page_size,
+    split_len,
+    num_splits,
+    num_hb,
+    stride_qnt,
+    stride_qnh,
+    stride_qnd,
+    stride_qrt,
+    stride_qrh,
+    stride_qrd,
+    stride_kb,
+    stride_kr,
+    stride_kd,  # unused (1)
+    stride_it,
+    stride_iw,
+    stride_btr,
+    stride_btb,
+    stride_ct,
+    stride_rq,
+    bt_block_size,
+    bt_max_blocks,
+    stride_ot,
+    stride_oh,
+    stride_od,
+    L: tl.constexpr,
+    R: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    FP8_NATIVE: tl.constexpr,
+    MMA_FP16: tl.constexpr,
+    STAGE: tl.constexpr,  # convert each chunk once, staged through shared memory
+    HAS_COUNTS: tl.constexpr,
+    HAS_BT: tl.constexpr,
+    BT_SHIFT: tl.constexpr,
+    PAGE_SHIFT: tl.constexpr,
+    SPLIT: tl.constexpr,
+    STORE_LSE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()  # as in latent.py
+    i_hb, i_ts, i_s, i_t = _program_coords(num_hb, num_splits)
+    if MMA_FP16:
+        dtype = tl.float16
+    else:
+        dtype = Q_nope.dtype.element_ty
+    LOG2E: tl.constexpr = 1.4426950408889634
+
+    o_h, m_h, o_h64 = _head_offsets(i_hb, H, BLOCK_H)
+    if R > 0:
+        b_qr = _load_q_rope(Q_rope, i_t, o_h64, m_h, stride_qrt, stride_qrh, stride_qrd, R)
+    qk_scale = sm_scale * LOG2E
+    i_req, w_lo, w_hi = _split_bounds(
+        Counts, ReqIds, i_t, i_s, W, split_len, stride_ct, stride_rq, HAS_COUNTS, HAS_BT
+    )
+
+    b_m = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    b_l = tl.zeros([BLOCK_H], dtype=tl.float32)
+    C: tl.constexpr = L // 4
+    o_c = tl.arange(0, C)
+    p_q = Q_nope + i_t * stride_qnt + o_h64[:, None] * stride_qnh + o_c[None, :] * stride_qnd
+    b_q0 = tl.load(p_q, mask=m_h[:, None], other=0.0).to(dtype)
+    b_q1 = tl.load(p_q + C * stride_qnd, mask=m_h[:, None], other=0.0).to(dtype)
+    b_q2 = tl.load(p_q + 2 * C * stride_qnd, mask=m_h[:, None], other=0.0).to(dtype)
+    b_q3 = tl.load(p_q + 3 * C * stride_qnd, mask=m_h[:, None], other=0.0).to(dtype)
+    b_a0 = tl.zeros([BLOCK_H, C], dtype=tl.float32)
+    b_a1 = tl.zeros([BLOCK_H, C], dtype=tl.float32)
+    b_a2 = tl.zeros([BLOCK_H, C], dtype=tl.float32)
+    b_a3 = tl.zeros([BLOCK_H, C], dtype=tl.float32)
+    # P is scaled by scale / b_ref (b_ref: the step's largest scale) so that it stays in [0, 1]
+    # like an unscaled P; the accumulators are kept in units of the current b_ref.
+    b_ref = 1.0
+    for w0 in range(w_lo, w_hi, BLOCK_N):
+        b_idx = _load_idx(Idx, i_t, w0, w_hi, stride_it, stride_iw, BLOCK_N)
+        o_row, m_n = _row_offsets(
+            b_idx,
+            BlockTable,
+            i_req,
+            stride_btr,
+            stride_btb,
+            bt_block_size,
+            bt_max_blocks,
+            num_rows,
+            page_size,
+            stride_kb,
+            stride_kr,
+            HAS_BT,
+            BT_SHIFT,
+            PAGE_SHIFT,
+        )
+        b_k0, b_c0 = _ds_chunk(STAGE, KV, o_row, m_n, 0, C, L, dtype, FP8_NATIVE)
+        b_k1, b_c1 = _ds_chunk(STAGE, KV, o_row, m_n, 1, C, L, dtype, FP8_NATIVE)
+        b_k2, b_c2 = _ds_chunk(STAGE, KV, o_row, m_n, 2, C, L, dtype, FP8_NATIVE)
+        b_k3, b_c3 = _ds_chunk(STAGE, KV, o_row, m_n, 3, C, L, dtype, FP8_NATIVE)
+        # [BLOCK_H, BLOCK_N] logits
+        b_s = tl.dot(b_q0, tl.trans(b_k0), input_precision=DOT_PRECISION) * b_c0[None, :]
+        b_s += tl.dot(b_q1, tl.trans(b_k1), input_precision=DOT_PRECISION) * b_c1[None, :]
+        b_s += tl.dot(b_q2, tl.trans(b_k2), input_precision=DOT_PRECISION) * b_c2[None, :]
+        b_s += tl.dot(b_q3, tl.trans(b_k3), input_precision=DOT_PRECISION) * b_c3[None, :]
+        if R > 0:
+            b_kr = _ds_rope(KV, o_row, m_n, b_qr.dtype, L, R)
+            b_s += tl.dot(b_qr, tl.trans(b_kr), input_precision=DOT_PRECISION)
+        b_p, b_alpha, b_l, b_m = _softmax_step(b_s, m_n, qk_scale, b_m, b_l)
+        b_cmax = tl.maximum(
+            tl.maximum(tl.max(b_c0, 0), tl.max(b_c1, 0)),
+            tl.maximum(tl.max(b_c2, 0), tl.max(b_c3, 0)),
+        )
+        b_ref_new = tl.where(b_cmax > 0.0, b_cmax, 1.0)
+        b_alpha = b_alpha * (b_ref / b_ref_new)
+        b_ref = b_ref_new
+        b_pr = b_p / b_ref
+        b_a0 = _ds_pv(b_pr, b_c0, b_k0, b_a0, b_alpha, dtype, DOT_PRECISION)
+        b_a1 = _ds_pv(b_pr, b_c1, b_k1, b_a1, b_alpha, dtype, DOT_PRECISION)
+        b_a2 = _ds_pv(b_pr, b_c2, b_k2, b_a2, b_alpha, dtype, DOT_PRECISION)
+        b_a3 = _ds_pv(b_pr, b_c3, b_k3, b_a3, b_alpha, dtype, DOT_PRECISION)
+
+    # normalise; an empty (t, split) gives zeros and LSE -inf
+    b_nonempty = b_l > 0.0
+    b_inv = 1.0 / tl.where(b_nonempty, b_l, 1.0)
+    b_inv = b_inv * b_ref
+    b_lse = tl.where(
+        b_nonempty, (b_m + tl.log2(tl.where(b_nonempty, b_l, 1.0))) / LOG2E, float("-inf")
+    )
+    p_o, s_o = _out_rows(
+        OPart, Out, i_ts, i_t, H, o_h, o_h64, stride_ot, stride_oh, stride_od, L, SPLIT
+    )
+    _store_cols(p_o, s_o, b_a0 * b_inv[:, None], 0, C, m_h)
+    _store_cols(p_o, s_o, b_a1 * b_inv[:, None], C, C, m_h)
+    _store_cols(p_o, s_o, b_a2 * b_inv[:, None], 2 * C, C, m_h)
+    _store_cols(p_o, s_o, b_a3 * b_inv[:, None], 3 * C, C, m_h)
+    _store_lse(LsePart, Lse, i_ts, i_t, H, o_h, m_h, b_lse, SPLIT, STORE_LSE)

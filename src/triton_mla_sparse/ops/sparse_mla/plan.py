@@ -1,0 +1,158 @@
+"""The launch plan: every decision of one sparse_mla call, made before anything is allocated.
+
+``make_plan`` turns a call's shapes, dtype, format and target into a :class:`LaunchPlan`: the
+kernel family, the resolved :class:`KernelConfig` (every ``None`` field decided), the split
+count, the grids and each kernel's constexprs. ``launch.launch_sparse_mla`` only executes a plan;
+the interface only validates inputs and asks for one. Pure Python on shapes: no tensors, no GPU,
+so a plan can be built and inspected anywhere (tests, bench, doctor).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from .heuristics import Arch, KernelConfig, choose_config, fp16_mma_for, split_len_for
+
+# Kernel families (kernels/): one per way a cache row is laid out.
+LATENT = "latent"  # a plain [L + R] row: q's dtype ("auto") or per-tensor e4m3 ("fp8")
+DS_MLA = "ds_mla"  # fp8_ds_mla: four scaled e4m3 chunks + bf16 rope
+FAMILY_OF = {"auto": LATENT, "fp8": LATENT, "fp8_ds_mla": DS_MLA}
+
+
+def _shift(n: int) -> int:
+    """log2(n) for a power of two, else -1 (general division in the kernel)."""
+    return n.bit_length() - 1 if n > 0 and n & (n - 1) == 0 else -1
+
+
+@dataclasses.dataclass(frozen=True)
+class MergePlan:
+    """The LSE merge of the split partials: grid, constexprs and launch options."""
+
+    grid: tuple[int, int]
+    constexprs: dict[str, Any]
+    num_warps: int
+    pdl: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchPlan:
+    """One call's kernels, grids and constexprs (``launch.launch_sparse_mla`` runs it).
+
+    ``config`` is the configuration as run: ``num_splits`` is the split count actually used
+    (the request rounded to whole gather steps) and ``fp8_native``, ``pdl``, ``fp16_mma`` are
+    decided. ``workspace`` is the fp32 ``[T, S, H, L]`` partial-output shape (None unsplit).
+    """
+
+    family: str
+    config: KernelConfig
+    grid: tuple[int]
+    split_len: int
+    num_head_blocks: int
+    bt_block_size: int
+    constexprs: dict[str, Any]
+    workspace: tuple[int, int, int, int] | None
+    merge: MergePlan | None
+
+    @property
+    def num_splits(self) -> int:
+        return self.config.num_splits
+
+
+def make_plan(
+    *,
+    num_tokens: int,
+    num_heads: int,
+    latent: int,
+    rope: int,
+    width: int,
+    dtype: torch.dtype,
+    kv_format: str,
+    arch: Arch,
+    on_gpu: bool,
+    page_size: int = 1,
+    has_counts: bool = False,
+    block_size: int | None = None,
+    k_scale_tensor: bool = False,
+    store_lse: bool = False,
+    config: KernelConfig | None = None,
+) -> LaunchPlan:
+    """The plan of one call with ``num_tokens`` >= 1 tokens of ``num_heads`` heads, q widths
+    ``latent`` + ``rope``, top-k ``width``; ``block_size`` given when indices go through a block
+    table; ``on_gpu`` False under Triton's interpreter (no programmatic dependent launch)."""
+    if num_tokens < 1:
+        raise ValueError(f"a plan needs at least one token, got num_tokens={num_tokens}")
+    family = FAMILY_OF[kv_format]
+    has_bt = block_size is not None
+    cfg = config or choose_config(
+        num_tokens, num_heads, width, dtype, kv_format, arch, block_table=has_bt
+    )
+    if cfg.idx_ahead and (has_bt or family != LATENT):
+        raise ValueError(
+            f"{cfg} loads indices a step ahead (idx_ahead=True), which only the latent family "
+            f"without a block table does (kv_format={kv_format!r}, block table: {has_bt})"
+        )
+    if cfg.stage_dequant and family != DS_MLA:
+        raise ValueError(f"{cfg}: stage_dequant applies to kv_format='fp8_ds_mla' only")
+    split_len, num_splits = split_len_for(width, cfg.num_splits, cfg.block_n)
+    split = num_splits > 1
+    fp16_mma = cfg.fp16_mma
+    if fp16_mma is None:
+        fp16_mma = fp16_mma_for(dtype, kv_format, arch, cfg.block_h)
+    fp8_native = arch.fp8_native if cfg.fp8_native is None else cfg.fp8_native
+    # programmatic dependent launch only links the split pass to its merge; never under the
+    # interpreter, where griddepcontrol has no meaning
+    pdl = on_gpu and arch.pdl and cfg.pdl is not False and split
+    cfg = dataclasses.replace(
+        cfg, num_splits=num_splits, fp8_native=fp8_native, pdl=pdl, fp16_mma=fp16_mma
+    )
+    num_hb = -(-num_heads // cfg.block_h)
+    bt_block_size = block_size if has_bt else 1
+    common = dict(
+        L=latent,
+        R=rope,
+        BLOCK_H=cfg.block_h,
+        BLOCK_N=cfg.block_n,
+        FP8_NATIVE=fp8_native,
+        MMA_FP16=kv_format != "auto" and dtype != torch.float32 and fp16_mma,
+        HAS_COUNTS=has_counts,
+        HAS_BT=has_bt,
+        BT_SHIFT=_shift(bt_block_size),
+        PAGE_SHIFT=_shift(page_size),
+        SPLIT=split,
+        STORE_LSE=store_lse,
+        DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32",
+        PDL=pdl,
+    )
+    if family == LATENT:
+        constexprs = dict(
+            common,
+            E4M3=kv_format == "fp8",
+            K_SCALE_PTR=k_scale_tensor,
+            IDX_AHEAD=cfg.idx_ahead,
+        )
+    else:
+        constexprs = dict(common, STAGE=cfg.stage_dequant)
+    merge = None
+    if split:
+        s_pad = 1 << (num_splits - 1).bit_length()
+        block_l = max(64, min(latent, 4096 // s_pad))
+        merge = MergePlan(
+            grid=(num_tokens * num_heads, -(-latent // block_l)),
+            constexprs=dict(L=latent, S_PAD=s_pad, BLOCK_L=block_l, STORE_LSE=store_lse, PDL=pdl),
+            num_warps=4,
+            pdl=pdl,
+        )
+    return LaunchPlan(
+        family=family,
+        config=cfg,
+        grid=(num_tokens * num_splits * num_hb,),
+        split_len=split_len,
+        num_head_blocks=num_hb,
+        bt_block_size=bt_block_size,
+        constexprs=constexprs,
+        workspace=(num_tokens, num_splits, num_heads, latent) if split else None,
+        merge=merge,
+    )

@@ -1,0 +1,200 @@
+"""The launch plan (ops/sparse_mla/plan.py): every decision of a call, made once, before launch.
+
+Pure Python on shapes (no kernel runs here, except through the interface test, which records the
+plan sparse_mla hands to the launcher instead of launching)."""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+
+import pytest
+import torch
+from conftest import DEVICE
+
+import triton_mla_sparse.ops.sparse_mla.launch as launch_mod
+from triton_mla_sparse import KernelConfig, sparse_mla
+from triton_mla_sparse.ops.sparse_mla.heuristics import (
+    TARGETS,
+    Arch,
+    choose_config,
+    fp16_mma_for,
+    split_len_for,
+)
+from triton_mla_sparse.ops.sparse_mla.plan import DS_MLA, FAMILY_OF, LATENT, make_plan
+
+H200 = Arch("cuda", 90, 132)
+A100 = Arch("cuda", 80, 108)
+MI300 = Arch("hip", "gfx942", 304, 64)
+FORMATS = ("auto", "fp8", "fp8_ds_mla")
+
+
+def plan_for(t, h, w, dtype=torch.bfloat16, fmt="auto", arch=H200, **kw):
+    kw.setdefault("on_gpu", True)
+    return make_plan(
+        num_tokens=t,
+        num_heads=h,
+        latent=512,
+        rope=64,
+        width=w,
+        dtype=dtype,
+        kv_format=fmt,
+        arch=arch,
+        **kw,
+    )
+
+
+def kernel_params(kernel) -> tuple[list[str], set[str]]:
+    """(runtime parameter names in order, constexpr names) of a jit kernel, interpreted or not."""
+    fn = getattr(kernel, "fn", kernel)
+    runtime, const = [], set()
+    for name, p in inspect.signature(fn).parameters.items():
+        ann = p.annotation
+        if "constexpr" in str(ann) or getattr(ann, "__name__", "") == "constexpr":
+            const.add(name)
+        else:
+            runtime.append(name)
+    return runtime, const
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_plan_constexprs_are_the_family_kernels(fmt):
+    """Each family's plan sets exactly its kernel's constexprs, and every family takes the same
+    runtime arguments (launch passes one list to whichever family the plan names)."""
+    plan = plan_for(2, 16, 2048, fmt=fmt, has_counts=True)
+    runtime, const = kernel_params(launch_mod.FORWARD[plan.family])
+    assert set(plan.constexprs) == const
+    other = kernel_params(launch_mod.FORWARD[LATENT if plan.family == DS_MLA else DS_MLA])[0]
+    assert runtime == other
+    assert plan.family == FAMILY_OF[fmt]
+    m_runtime, m_const = kernel_params(launch_mod.sparse_mla_merge_kernel)
+    assert plan.merge is not None and set(plan.merge.constexprs) == m_const
+
+
+def test_resolved_config_matches_the_heuristics():
+    """Over a grid of shapes, formats, dtypes and targets: the plan runs what choose_config
+    picks, with every None decided and the split count the one split_len_for covers W with."""
+    grid = itertools.product([1, 4, 64, 128, 4096], [1, 16, 64, 128], [64, 2048], FORMATS)
+    for (t, h, w, fmt), arch in itertools.product(grid, TARGETS):
+        for dtype in (torch.float16, torch.bfloat16) + ((torch.float32,) if fmt == "auto" else ()):
+            plan = plan_for(t, h, w, dtype, fmt, arch)
+            want = choose_config(t, h, w, dtype, fmt, arch)
+            cfg = plan.config
+            assert (cfg.block_h, cfg.block_n, cfg.num_warps, cfg.num_stages) == (
+                want.block_h,
+                want.block_n,
+                want.num_warps,
+                want.num_stages,
+            )
+            assert (cfg.idx_ahead, cfg.stage_dequant) == (want.idx_ahead, want.stage_dequant)
+            split_len, splits = split_len_for(w, want.num_splits, want.block_n)
+            assert (plan.split_len, cfg.num_splits) == (split_len, splits)
+            assert None not in (cfg.fp8_native, cfg.pdl, cfg.fp16_mma)
+            assert cfg.fp8_native == arch.fp8_native
+            assert cfg.fp16_mma == fp16_mma_for(dtype, fmt, arch, cfg.block_h)
+            hb = -(-h // cfg.block_h)
+            assert plan.num_head_blocks == hb and plan.grid == (t * splits * hb,)
+            mma16 = plan.constexprs["MMA_FP16"]
+            assert mma16 == (fmt != "auto" and dtype != torch.float32 and cfg.fp16_mma)
+
+
+def test_split_workspace_and_merge_go_together():
+    one = plan_for(4096, 64, 2048)
+    assert one.num_splits == 1 and one.workspace is None and one.merge is None
+    assert one.constexprs["SPLIT"] is False and one.config.pdl is False
+    split = plan_for(1, 16, 2048)
+    assert split.num_splits > 1 and split.constexprs["SPLIT"] is True
+    assert split.workspace == (1, split.num_splits, 16, 512)
+    m = split.merge
+    assert m.grid[0] == 16 and m.grid[1] * m.constexprs["BLOCK_L"] >= 512
+    assert (
+        m.constexprs["S_PAD"] >= split.num_splits
+        and m.constexprs["S_PAD"] & (m.constexprs["S_PAD"] - 1) == 0
+    )
+
+
+@pytest.mark.parametrize(
+    "arch, on_gpu, override, want",
+    [
+        (H200, True, None, True),
+        (H200, True, False, False),
+        (H200, False, None, False),  # the interpreter: griddepcontrol has no meaning there
+        (A100, True, None, False),  # sm80 has no programmatic dependent launch
+        (MI300, True, None, False),
+    ],
+)
+def test_pdl_only_links_a_split_pass_to_its_merge(arch, on_gpu, override, want):
+    cfg = KernelConfig(16, 32, 4, 2, num_splits=4, pdl=override)
+    plan = plan_for(1, 16, 2048, arch=arch, on_gpu=on_gpu, config=cfg)
+    assert plan.config.pdl is want and plan.constexprs["PDL"] is want
+    assert plan.merge.pdl is want and plan.merge.constexprs["PDL"] is want
+
+
+def test_explicit_fields_win_over_the_architecture():
+    cfg = KernelConfig(64, 64, 8, 3, fp8_native=False, fp16_mma=True)
+    plan = plan_for(128, 64, 2048, fmt="fp8", config=cfg)
+    assert plan.config.fp8_native is False and plan.constexprs["FP8_NATIVE"] is False
+    assert plan.config.fp16_mma is True and plan.constexprs["MMA_FP16"] is True
+    # the heuristic's own choice there is bf16 MMAs (the fp8 hazard's fix)
+    assert plan_for(128, 64, 2048, fmt="fp8").constexprs["MMA_FP16"] is False
+
+
+def test_block_table_and_format_flags():
+    plan = plan_for(8, 16, 2048, fmt="fp8", block_size=48, page_size=64, k_scale_tensor=True)
+    c = plan.constexprs
+    assert c["HAS_BT"] and c["BT_SHIFT"] == -1 and c["PAGE_SHIFT"] == 6
+    assert c["E4M3"] and c["K_SCALE_PTR"] and plan.bt_block_size == 48
+    assert not plan.config.idx_ahead  # the block-table path keeps the in-step loop
+    ds = plan_for(8, 16, 2048, fmt="fp8_ds_mla", block_size=64)
+    assert ds.constexprs["BT_SHIFT"] == 6 and "E4M3" not in ds.constexprs
+
+
+@pytest.mark.parametrize(
+    "fmt, cfg, words",
+    [
+        ("auto", KernelConfig(16, 32, 4, 3, idx_ahead=True), ["idx_ahead", "block table: True"]),
+        ("fp8_ds_mla", KernelConfig(16, 32, 4, 3, idx_ahead=True), ["idx_ahead", "fp8_ds_mla"]),
+        ("fp8", KernelConfig(16, 32, 4, 2, stage_dequant=True), ["stage_dequant"]),
+    ],
+)
+def test_plans_the_kernels_cannot_run_are_refused(fmt, cfg, words):
+    bs = 64 if fmt == "auto" else None
+    with pytest.raises(ValueError) as e:
+        plan_for(4, 16, 2048, fmt=fmt, config=cfg, block_size=bs)
+    for w in words:
+        assert w in str(e.value)
+    with pytest.raises(ValueError, match="num_tokens"):
+        plan_for(0, 16, 2048)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_interface_launches_the_plan_make_plan_gives(monkeypatch, fmt):
+    """sparse_mla hands the launcher the plan make_plan builds from the call's own facts."""
+    got = []
+    monkeypatch.setattr(launch_mod, "launch_sparse_mla", lambda plan, *a: got.append(plan))
+    T, Hh, W = 3, 5, 40
+    q = torch.randn(T, Hh, 576, device=DEVICE).half()
+    if fmt == "fp8_ds_mla":
+        cache = torch.zeros(4, 64, 656, dtype=torch.uint8, device=DEVICE)
+    elif fmt == "fp8":
+        cache = torch.zeros(4, 64, 576, dtype=torch.uint8, device=DEVICE)
+    else:
+        cache = torch.zeros(4, 64, 576, dtype=torch.float16, device=DEVICE)
+    idx = torch.zeros(T, W, dtype=torch.int32, device=DEVICE)
+    counts = torch.full((T,), W, dtype=torch.int32, device=DEVICE)
+    sparse_mla(q, cache, idx, 0.1, valid_counts=counts, kv_format=fmt, return_lse=True)
+    from triton_mla_sparse.ops.sparse_mla.heuristics import arch_of
+
+    want = plan_for(
+        T,
+        Hh,
+        W,
+        torch.float16,
+        fmt,
+        arch_of(q.device),
+        on_gpu=q.device.type == "cuda",
+        page_size=64,
+        has_counts=True,
+        store_lse=True,
+    )
+    assert got == [want]
