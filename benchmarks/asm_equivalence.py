@@ -7,13 +7,17 @@ ahead-of-time path as tests/test_compile.py (tests/aot_compile.py records the re
 calls and compiles them with ``triton.compile``).
 
     python benchmarks/asm_equivalence.py jobs JOBS.json [--full cuda:90,cuda:80]
-    python benchmarks/asm_equivalence.py dump JOBS.json DIR --tree PATH [--workers 2]
+    python benchmarks/asm_equivalence.py dump JOBS.json DIR --tree PATH [--workers 2] [--triton DIR]
     python benchmarks/asm_equivalence.py diff DIR_A DIR_B
 
 ``jobs``: the compile test's default job set, plus every configuration the heuristics choose
 for the ``--full`` targets (rope 64, serving flags). ``dump``: compile it with the source tree at
 PATH (its ``src`` and ``tests/aot_compile.py``; a ``git worktree`` of the old revision) and write
-one file per kernel into DIR. ``diff``: compare two dumps file by file; exit 1 on any difference.
+one file per kernel into DIR. ``diff``: compare two dumps file by file: identical PTX (up to names and line info), else
+identical SASS (both assembled by Triton's own ptxas, disassembled by its cuobjdump: PTX can
+differ in the order of independent instructions and hence register numbers, when helper
+inlining moves where an index expression is materialized), else different; exit 1 on any
+difference.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,7 +57,7 @@ def cmd_dump(args: argparse.Namespace) -> None:
     out.mkdir(parents=True, exist_ok=True)
     jobs = json.loads(Path(args.jobs).read_text())
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(tree / "src")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [args.triton, str(tree / "src")]))
     env["TMS_ASM_DIR"] = str(out)
     keys = sorted(jobs)
     procs = []
@@ -75,27 +80,63 @@ def cmd_dump(args: argparse.Namespace) -> None:
         print(f"  {k}: {e}")
 
 
+# labels only the line info refers to (one per inlined helper's scope): PTX, AMDGCN
+_DEBUG_LABEL = re.compile(r"^(\$L__tmp|\.Ltmp)\d+:$")
 _ENTRY = re.compile(r"^\s*(?:\.visible\s+)?\.entry\s+(\w+)|^\s*\.globl\s+(\w+)", re.M)
 
 
-def normalize(text: str) -> str:
-    """The code without what a rename or a moved line changes: kernel names, .loc/.file lines,
-    DWARF sections, comments and AMDGPU metadata strings holding paths."""
+def normalize(text: str, amdgcn: bool = False) -> str:
+    """The code without what a rename or a moved source line changes: kernel names, .loc/.file
+    lines and the labels only they use, DWARF sections, comments and alignment padding.
+    AMDGCN: everything from the first DWARF section on (line tables, then the metadata note
+    whose register counts the kernel descriptor, kept, states too) is dropped."""
     names = {a or b for a, b in _ENTRY.findall(text)}
     lines = []
     in_debug = False
     for line in text.splitlines():
-        s = line.strip()
+        if amdgcn:
+            line = line.split(";", 1)[0]  # AMDGCN comments; PTX ends statements with ';'
+        s = " ".join(line.split())
         if s.startswith(".section") and ".debug" in s:
+            if amdgcn:
+                break
             in_debug = True
         if in_debug:
             if s == "}":
                 in_debug = False
             continue
-        if s.startswith((".loc", ".file", "//", ";")) or not s:
+        if s.startswith((".loc", ".file", "//")) or not s or _DEBUG_LABEL.match(s):
             continue
         lines.append(s)
     body = "\n".join(lines)
+    for i, n in enumerate(sorted(names, key=len, reverse=True)):
+        body = body.replace(n, f"KERNEL{i}")
+    return body
+
+
+def _nvidia_tool(name: str) -> str:
+    import triton
+
+    return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name)
+
+
+def sass(ptx: Path) -> str | None:
+    """The SASS ptxas (Triton's own, as at run time) makes of a PTX file, kernel names
+    normalized; None where neither of Triton's ptxas builds takes the target."""
+    target = re.search(r"^\.target\s+(\w+)", ptx.read_text(), re.M).group(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = os.path.join(tmp, "k.cubin")
+        for ptxas in ("ptxas", "ptxas-blackwell"):
+            cmd = [_nvidia_tool(ptxas), f"-arch={target}", str(ptx), "-o", cubin]
+            if subprocess.run(cmd, capture_output=True).returncode == 0:
+                break
+        else:
+            return None
+        text = subprocess.run(
+            [_nvidia_tool("cuobjdump"), "-sass", cubin], capture_output=True, text=True
+        ).stdout
+    names = set(re.findall(r"Function : (\w+)", text))
+    body = "\n".join(x for x in text.splitlines() if "Function :" not in x)
     for i, n in enumerate(sorted(names, key=len, reverse=True)):
         body = body.replace(n, f"KERNEL{i}")
     return body
@@ -106,11 +147,22 @@ def cmd_diff(args: argparse.Namespace) -> None:
     fa = {p.name for p in a.iterdir() if not p.name.startswith("_")}
     fb = {p.name for p in b.iterdir() if not p.name.startswith("_")}
     only = sorted(fa ^ fb)
-    same, diff = [], []
+    same, same_sass, diff = [], [], []
     for name in sorted(fa & fb):
-        ta, tb = (normalize((d / name).read_text()) for d in (a, b))
-        (same if ta == tb else diff).append(name)
-    print(f"{len(same)} identical, {len(diff)} different, {len(only)} in one dump only")
+        amd = name.endswith(".amdgcn")
+        ta, tb = (normalize((d / name).read_text(), amd) for d in (a, b))
+        if ta == tb:
+            same.append(name)
+        elif name.endswith(".ptx") and (sa := sass(a / name)) is not None and sa == sass(b / name):
+            same_sass.append(name)
+        else:
+            diff.append(name)
+    print(
+        f"{len(same)} identical, {len(same_sass)} with another PTX but identical SASS, "
+        f"{len(diff)} different, {len(only)} in one dump only"
+    )
+    for n in same_sass:
+        print(f"  same SASS: {n}")
     for n in diff:
         print(f"  differs: {n}")
     for n in only:
@@ -130,6 +182,7 @@ def main() -> None:
     p.add_argument("dir")
     p.add_argument("--tree", default=str(ROOT), help="source tree to compile (default: this one)")
     p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--triton", default="", help="a folder holding another Triton, put first")
     p.set_defaults(fn=cmd_dump)
     p = sub.add_parser("diff")
     p.add_argument("a")
