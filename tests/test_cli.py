@@ -136,6 +136,42 @@ def test_bench_one_shape_writes_json_and_csv(tmp_path):
         assert next(csv.DictReader(f))["case"] == res["case"]
 
 
+def test_plan_label_says_what_runs():
+    """bench labels a case with the plan's configuration as run: the split count used, the
+    integer e4m3 decode, MMAs in q's dtype, a merge without dependent launch."""
+    from triton_mla_sparse.bench import plan_label
+    from triton_mla_sparse.ops.sparse_mla.heuristics import Arch
+    from triton_mla_sparse.ops.sparse_mla.plan import make_plan
+
+    def label(arch, fmt, t, h, on_gpu=True, **kw):
+        return plan_label(
+            make_plan(
+                num_tokens=t,
+                num_heads=h,
+                latent=512,
+                rope=64,
+                width=2048,
+                dtype=torch.bfloat16,
+                kv_format=fmt,
+                arch=arch,
+                on_gpu=on_gpu,
+                **kw,
+            )
+        )
+
+    h200, a100 = Arch("cuda", 90, 132), Arch("cuda", 80, 108)
+    assert label(h200, "fp8", 128, 64) == "h64 n64 w8 s3 k1 +qmma"
+    assert label(h200, "auto", 128, 64) == "h64 n64 w8 s3 k1"
+    assert label(a100, "fp8", 128, 16).endswith(" +int")
+    assert "+int" not in label(a100, "auto", 128, 16)
+    split = label(h200, "fp8_ds_mla", 1, 16)
+    assert " k1 " not in split + " " and "+st" in split and "-pdl" not in split
+    assert label(h200, "fp8_ds_mla", 1, 16, on_gpu=False).endswith(" -pdl")
+    # the split count as run: 2048 indices in 32-row steps cover at most 64 splits
+    asked = KernelConfig(16, 32, 4, 2, num_splits=100)
+    assert " k64 " in label(h200, "auto", 1, 16, config=asked) + " "
+
+
 def test_config_label():
     assert config_label(KernelConfig(16, 32, 4, 3, 2, idx_ahead=True)) == "h16 n32 w4 s3 k2 +ia"
     cfg = KernelConfig(64, 32, 8, 2, 1, stage_dequant=True, pdl=False)

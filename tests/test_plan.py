@@ -198,3 +198,23 @@ def test_interface_launches_the_plan_make_plan_gives(monkeypatch, fmt):
         store_lse=True,
     )
     assert got == [want]
+
+
+def test_sparse_mla_plan_is_what_sparse_mla_launches(monkeypatch):
+    """The public query takes sparse_mla's arguments and returns the plan sparse_mla runs;
+    it refuses what sparse_mla refuses, and T == 0 plans nothing."""
+    from triton_mla_sparse import sparse_mla_plan
+
+    assert inspect.signature(sparse_mla_plan).parameters == inspect.signature(sparse_mla).parameters
+    got = []
+    monkeypatch.setattr(launch_mod, "launch_sparse_mla", lambda plan, *a: got.append(plan))
+    q = torch.randn(4, 16, 576, device=DEVICE).half()
+    cache = torch.zeros(3, 64, 656, dtype=torch.uint8, device=DEVICE)
+    idx = torch.zeros(4, 100, dtype=torch.int32, device=DEVICE)
+    kw = dict(kv_format="fp8_ds_mla", return_lse=True)
+    plan = sparse_mla_plan(q, cache, idx, 0.1, **kw)
+    sparse_mla(q, cache, idx, 0.1, **kw)
+    assert got == [plan] and plan.family == DS_MLA
+    assert sparse_mla_plan(q[:0], cache, idx[:0], 0.1, **kw) is None
+    with pytest.raises(ValueError, match="indices"):
+        sparse_mla_plan(q, cache, idx[:3], 0.1, **kw)

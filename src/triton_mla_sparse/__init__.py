@@ -4,8 +4,16 @@ Importing this package touches no GPU and compiles nothing; kernels compile on f
 """
 
 from .kv_format import pack_fp8_ds_mla, unpack_fp8_ds_mla
-from .ops.sparse_mla import KernelConfig, sparse_mla
+from .ops.sparse_mla import KernelConfig, LaunchPlan, sparse_mla, sparse_mla_plan
 
 __version__ = "0.1.0"
 
-__all__ = ["KernelConfig", "pack_fp8_ds_mla", "sparse_mla", "unpack_fp8_ds_mla", "__version__"]
+__all__ = [
+    "KernelConfig",
+    "LaunchPlan",
+    "pack_fp8_ds_mla",
+    "sparse_mla",
+    "sparse_mla_plan",
+    "unpack_fp8_ds_mla",
+    "__version__",
+]

@@ -14,6 +14,7 @@ import torch
 
 from .kv_format import bytes_per_row
 from .ops.sparse_mla.heuristics import KernelConfig, arch_of, choose_config
+from .ops.sparse_mla.plan import DS_MLA, LaunchPlan
 from .reference import sparse_mla_reference
 from .workloads import Case, Inputs, make_inputs
 
@@ -149,6 +150,23 @@ def config_label(cfg: KernelConfig) -> str:
     return label
 
 
+def plan_label(plan: LaunchPlan) -> str:
+    """What a call runs: :func:`config_label` of the plan's configuration as run (``k`` the
+    split count actually used), then for e4m3 caches ``+int`` where the bytes are decoded with
+    integer arithmetic (sm80/86, AMD) and ``+qmma`` where the MMAs take q's dtype instead of
+    fp16 (heuristics.fp16_mma_for)."""
+    # "-pdl" only where a merge runs without programmatic dependent launch
+    pdl = None if plan.merge is None or plan.merge.pdl else False
+    label = config_label(dataclasses.replace(plan.config, pdl=pdl))
+    c = plan.constexprs
+    if c.get("E4M3") or plan.family == DS_MLA:
+        if not c["FP8_NATIVE"]:
+            label += " +int"
+        if not c["MMA_FP16"]:
+            label += " +qmma"
+    return label
+
+
 def check_rows(case: Case) -> torch.Tensor | None:
     """Tokens checked against the reference: all of a decode, an evenly spread sample of a long
     prefill (tokens are computed independently; the float32 reference of 4096 x 128 heads would
@@ -186,7 +204,7 @@ def run_case(
 
     ``prepared`` reuses (inputs, reference output) across configurations of one case.
     """
-    from . import sparse_mla
+    from . import sparse_mla, sparse_mla_plan
 
     inp, ref = prepared or prepare(case, device, seed)
     kw = dict(inp.kwargs)
@@ -194,6 +212,7 @@ def run_case(
         case.tokens, case.heads, inp.indices.shape[1], case.dtype, case.kv_format, arch_of(device)
     )
     out = torch.full((case.tokens, case.heads, 512), float("nan"), dtype=case.dtype, device=device)
+    plan = sparse_mla_plan(inp.q, inp.kv_cache, inp.indices, inp.scale, out=out, config=cfg, **kw)
     sparse_mla(inp.q, inp.kv_cache, inp.indices, inp.scale, out=out, config=cfg, **kw)
     ref_fn = lambda: sparse_mla_reference(inp.q, inp.kv_cache, inp.indices, inp.scale, **kw)  # noqa: E731
     rows = check_rows(case)
@@ -206,7 +225,7 @@ def run_case(
         case.tokens,
         case.heads,
         inp.indices.shape[1],
-        config_label(cfg),
+        plan_label(plan),
         err,
         passed,
     )

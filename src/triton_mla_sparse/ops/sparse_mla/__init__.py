@@ -1,4 +1,5 @@
 from .heuristics import KernelConfig
-from .interface import sparse_mla
+from .interface import sparse_mla, sparse_mla_plan
+from .plan import LaunchPlan
 
-__all__ = ["KernelConfig", "sparse_mla"]
+__all__ = ["KernelConfig", "LaunchPlan", "sparse_mla", "sparse_mla_plan"]

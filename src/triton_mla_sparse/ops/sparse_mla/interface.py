@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 import os
@@ -12,7 +13,7 @@ from ...kv_format import DS_MLA_LATENT, DS_MLA_ROPE, DS_MLA_ROW_BYTES, KV_FORMAT
 from ..host import describe as _shape
 from ..host import is_pow2 as _is_pow2
 from .heuristics import KernelConfig, arch_of
-from .plan import FAMILY_OF, LATENT, make_plan
+from .plan import FAMILY_OF, LATENT, LaunchPlan, make_plan
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -131,7 +132,27 @@ def _resolve_format(kv_format: str, kv_cache: torch.Tensor, q_dtype: torch.dtype
     return kv_format
 
 
-def sparse_mla(
+@dataclasses.dataclass(frozen=True)
+class _Call:
+    """A validated call: its plan (None when T == 0) and the launcher's arguments."""
+
+    plan: LaunchPlan | None
+    out_shape: tuple[int, int, int]
+    dtype: torch.dtype
+    device: torch.device
+    q_lat: torch.Tensor
+    q_rope: torch.Tensor | None
+    kv_cache: torch.Tensor
+    indices: torch.Tensor
+    valid_counts: torch.Tensor | None
+    block_table: torch.Tensor | None
+    req_ids: torch.Tensor | None
+    k_scale_ptr: torch.Tensor | None
+    k_scale_val: float
+    softmax_scale: float
+
+
+def _checked(
     q: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
     kv_cache: torch.Tensor,
     indices: torch.Tensor,
@@ -147,52 +168,8 @@ def sparse_mla(
     out: torch.Tensor | None = None,
     return_lse: bool = False,
     config: KernelConfig | None = None,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Sparse MLA attention forward: each query token attends to its own top-k cache rows.
-
-    Args:
-        q: ``[T, H, D]`` with ``D = kv_lora_rank + rope`` (576 for DeepSeek-V3.2/GLM-5, 512 for
-            NoPE models), or a tuple ``(q_latent [T, H, kv_lora_rank], q_rope [T, H, rope])``
-            used as is (no concatenation). fp16, bf16 or fp32 (bf16 not under
-            ``TRITON_INTERPRET=1``: Triton's interpreter computes it wrongly); any strides; any
-            head count ``H >= 1`` (heads beyond one tile run as further head blocks).
-        kv_cache: one latent head per token. Rows ``[N, C]`` or paged ``[num_blocks, page, C]``,
-            any strides (block stride may exceed ``page * C``). ``C`` is ``D`` for
-            ``kv_format="auto"`` (q's dtype) and ``"fp8"`` (e4m3 as uint8/float8_e4m3fn),
-            656 bytes for ``"fp8_ds_mla"`` (uint8; see :mod:`triton_mla_sparse.kv_format`).
-        indices: int32 ``[T, W]``, any ``W >= 1``: rows of the cache in its logical flat order
-            (paged: row ``i`` is block ``i // page``, slot ``i % page``). ``-1`` and any index
-            outside ``[0, N)`` are skipped wherever they stand and never dereferenced.
-            A duplicated index counts as often as it appears.
-        softmax_scale: multiplies ``q . k``; a finite Python or NumPy number (not a tensor:
-            reading one would synchronise with the device); default ``1 / sqrt(D)``.
-        kv_lora_rank: latent width ``L`` (the V width and the output width).
-        valid_counts: optional int32 ``[T]``: only ``indices[t, :valid_counts[t]]`` are read.
-            Any stride (as ``req_ids``).
-        block_table, req_ids, block_size: optional int32 ``[R, max_blocks]``, int32 ``[T]`` and
-            an int. When given, indices are request-local positions ``pos`` mapped to cache row
-            ``block_table[req_ids[t], pos // block_size] * block_size + pos % block_size``;
-            positions past the table, with a negative table entry, or with an entry whose
-            rows lie past the cache (never wrapped around int32) are skipped. Any strides.
-        kv_format: ``"auto"``, ``"fp8"`` or ``"fp8_ds_mla"``.
-        k_scale: per-tensor dequantization scale for ``"fp8"`` (float or 0-d/1-element float32
-            tensor on q's device, the latter for CUDA graphs); default 1.
-        out: optional ``[T, H, L]`` tensor in q's dtype to write into (any strides).
-        return_lse: also return the natural-log log-sum-exp ``[T, H]`` (float32).
-        config: optional :class:`KernelConfig` overriding the heuristic launch configuration
-            (``idx_ahead=True`` cannot be combined with a block table).
-
-    Returns:
-        ``out [T, H, L]`` in q's dtype, and ``lse [T, H]`` with ``return_lse=True``. A token with
-        no valid index gets zeros and LSE ``-inf``.
-
-    Raises:
-        TypeError: an argument of the wrong type or dtype (a tensor's dtype, a non-tensor where a
-            tensor is needed, a tensor or string ``softmax_scale``, bf16 under the interpreter).
-        ValueError: wrong shapes, ranks, devices or values (non-finite scales, unknown
-            ``kv_format``, mismatched ``T``). Raised before anything is launched or allocated;
-            messages name the argument and show what the caller passed.
-    """
+) -> _Call:
+    """Validate a sparse_mla call (everything its docstring promises to refuse) and plan it."""
     if isinstance(kv_lora_rank, bool) or not isinstance(kv_lora_rank, int):
         raise TypeError(f"kv_lora_rank must be an int, got {kv_lora_rank!r}")
     if not _is_pow2(kv_lora_rank) or kv_lora_rank < 16:
@@ -318,35 +295,32 @@ def sparse_mla(
             "use triton_mla_sparse.reference.sparse_mla_reference on CPU"
         )
 
-    if out is None:
-        out = torch.empty((T, H, L), dtype=dtype, device=device)
-    lse = torch.empty((T, H), dtype=torch.float32, device=device) if return_lse else None
-    if T == 0:
-        return (out, lse) if return_lse else out
-
-    plan = make_plan(
-        num_tokens=T,
-        num_heads=H,
-        latent=L,
-        rope=R,
-        width=W,
-        dtype=dtype,
-        kv_format=fmt,
-        arch=arch_of(device),
-        on_gpu=device.type == "cuda",
-        page_size=kv_cache.shape[1] if kv_cache.dim() == 3 else 1,
-        has_counts=valid_counts is not None,
-        block_size=block_size if has_bt else None,
-        k_scale_tensor=k_scale_ptr is not None,
-        store_lse=return_lse,
-        config=config,
-    )
-    from .launch import launch_sparse_mla  # Triton import deferred: nothing compiles at import
-
+    plan = None
+    if T > 0:
+        plan = make_plan(
+            num_tokens=T,
+            num_heads=H,
+            latent=L,
+            rope=R,
+            width=W,
+            dtype=dtype,
+            kv_format=fmt,
+            arch=arch_of(device),
+            on_gpu=device.type == "cuda",
+            page_size=kv_cache.shape[1] if kv_cache.dim() == 3 else 1,
+            has_counts=valid_counts is not None,
+            block_size=block_size if has_bt else None,
+            k_scale_tensor=k_scale_ptr is not None,
+            store_lse=return_lse,
+            config=config,
+        )
     if kv_cache.dtype == torch.float8_e4m3fn:
         kv_cache = kv_cache.view(torch.uint8)
-    launch_sparse_mla(
+    return _Call(
         plan,
+        (T, H, L),
+        dtype,
+        device,
         q_lat,
         q_rope,
         kv_cache,
@@ -356,8 +330,151 @@ def sparse_mla(
         req_ids,
         k_scale_ptr,
         k_scale_val,
-        out,
-        lse,
         softmax_scale,
     )
+
+
+def sparse_mla(
+    q: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+    kv_cache: torch.Tensor,
+    indices: torch.Tensor,
+    softmax_scale: float | None = None,
+    *,
+    kv_lora_rank: int = 512,
+    valid_counts: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
+    req_ids: torch.Tensor | None = None,
+    block_size: int | None = None,
+    kv_format: str = "auto",
+    k_scale: float | torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    return_lse: bool = False,
+    config: KernelConfig | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Sparse MLA attention forward: each query token attends to its own top-k cache rows.
+
+    Args:
+        q: ``[T, H, D]`` with ``D = kv_lora_rank + rope`` (576 for DeepSeek-V3.2/GLM-5, 512 for
+            NoPE models), or a tuple ``(q_latent [T, H, kv_lora_rank], q_rope [T, H, rope])``
+            used as is (no concatenation). fp16, bf16 or fp32 (bf16 not under
+            ``TRITON_INTERPRET=1``: Triton's interpreter computes it wrongly); any strides; any
+            head count ``H >= 1`` (heads beyond one tile run as further head blocks).
+        kv_cache: one latent head per token. Rows ``[N, C]`` or paged ``[num_blocks, page, C]``,
+            any strides (block stride may exceed ``page * C``). ``C`` is ``D`` for
+            ``kv_format="auto"`` (q's dtype) and ``"fp8"`` (e4m3 as uint8/float8_e4m3fn),
+            656 bytes for ``"fp8_ds_mla"`` (uint8; see :mod:`triton_mla_sparse.kv_format`).
+        indices: int32 ``[T, W]``, any ``W >= 1``: rows of the cache in its logical flat order
+            (paged: row ``i`` is block ``i // page``, slot ``i % page``). ``-1`` and any index
+            outside ``[0, N)`` are skipped wherever they stand and never dereferenced.
+            A duplicated index counts as often as it appears.
+        softmax_scale: multiplies ``q . k``; a finite Python or NumPy number (not a tensor:
+            reading one would synchronise with the device); default ``1 / sqrt(D)``.
+        kv_lora_rank: latent width ``L`` (the V width and the output width).
+        valid_counts: optional int32 ``[T]``: only ``indices[t, :valid_counts[t]]`` are read.
+            Any stride (as ``req_ids``).
+        block_table, req_ids, block_size: optional int32 ``[R, max_blocks]``, int32 ``[T]`` and
+            an int. When given, indices are request-local positions ``pos`` mapped to cache row
+            ``block_table[req_ids[t], pos // block_size] * block_size + pos % block_size``;
+            positions past the table, with a negative table entry, or with an entry whose
+            rows lie past the cache (never wrapped around int32) are skipped. Any strides.
+        kv_format: ``"auto"``, ``"fp8"`` or ``"fp8_ds_mla"``.
+        k_scale: per-tensor dequantization scale for ``"fp8"`` (float or 0-d/1-element float32
+            tensor on q's device, the latter for CUDA graphs); default 1.
+        out: optional ``[T, H, L]`` tensor in q's dtype to write into (any strides).
+        return_lse: also return the natural-log log-sum-exp ``[T, H]`` (float32).
+        config: optional :class:`KernelConfig` overriding the heuristic launch configuration
+            (``idx_ahead=True`` cannot be combined with a block table).
+
+    Returns:
+        ``out [T, H, L]`` in q's dtype, and ``lse [T, H]`` with ``return_lse=True``. A token with
+        no valid index gets zeros and LSE ``-inf``.
+
+    Raises:
+        TypeError: an argument of the wrong type or dtype (a tensor's dtype, a non-tensor where a
+            tensor is needed, a tensor or string ``softmax_scale``, bf16 under the interpreter).
+        ValueError: wrong shapes, ranks, devices or values (non-finite scales, unknown
+            ``kv_format``, mismatched ``T``). Raised before anything is launched or allocated;
+            messages name the argument and show what the caller passed.
+    """
+    c = _checked(
+        q,
+        kv_cache,
+        indices,
+        softmax_scale,
+        kv_lora_rank=kv_lora_rank,
+        valid_counts=valid_counts,
+        block_table=block_table,
+        req_ids=req_ids,
+        block_size=block_size,
+        kv_format=kv_format,
+        k_scale=k_scale,
+        out=out,
+        return_lse=return_lse,
+        config=config,
+    )
+    T, H, _ = c.out_shape
+    if out is None:
+        out = torch.empty(c.out_shape, dtype=c.dtype, device=c.device)
+    lse = torch.empty((T, H), dtype=torch.float32, device=c.device) if return_lse else None
+    if c.plan is None:
+        return (out, lse) if return_lse else out
+
+    from .launch import launch_sparse_mla  # Triton import deferred: nothing compiles at import
+
+    launch_sparse_mla(
+        c.plan,
+        c.q_lat,
+        c.q_rope,
+        c.kv_cache,
+        c.indices,
+        c.valid_counts,
+        c.block_table,
+        c.req_ids,
+        c.k_scale_ptr,
+        c.k_scale_val,
+        out,
+        lse,
+        c.softmax_scale,
+    )
     return (out, lse) if return_lse else out
+
+
+def sparse_mla_plan(
+    q: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+    kv_cache: torch.Tensor,
+    indices: torch.Tensor,
+    softmax_scale: float | None = None,
+    *,
+    kv_lora_rank: int = 512,
+    valid_counts: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
+    req_ids: torch.Tensor | None = None,
+    block_size: int | None = None,
+    kv_format: str = "auto",
+    k_scale: float | torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    return_lse: bool = False,
+    config: KernelConfig | None = None,
+) -> LaunchPlan | None:
+    """The :class:`~triton_mla_sparse.ops.sparse_mla.plan.LaunchPlan` that
+    :func:`sparse_mla` would run for these arguments: kernel family, the configuration as run
+    (split count, fp8 decode, MMA operand type and dependent launch decided), grids and
+    constexprs. Same arguments, same validation and the same exceptions as :func:`sparse_mla`;
+    launches, allocates and compiles nothing. None when ``T == 0`` (nothing would launch).
+    """
+    return _checked(
+        q,
+        kv_cache,
+        indices,
+        softmax_scale,
+        kv_lora_rank=kv_lora_rank,
+        valid_counts=valid_counts,
+        block_table=block_table,
+        req_ids=req_ids,
+        block_size=block_size,
+        kv_format=kv_format,
+        k_scale=k_scale,
+        out=out,
+        return_lse=return_lse,
+        config=config,
+    ).plan
