@@ -13,7 +13,8 @@ Usage: ``python aot_compile.py JOBS.json RESULTS.json``. A job is a dict with ke
 ``num_stages``, ``split``, ``rope``, ``has_counts``, ``has_bt``, ``store_lse`` and optionally
 ``stage_dequant``, ``idx_ahead``, ``fp16_mma``; an indexer job has ``op`` ``"indexer_paged"`` /
 ``"indexer_mqa"``, ``arch``, ``q`` (``e4m3``/``fp16``/``bf16``/``fp32``), ``heads``, ``next_n``,
-``ctx_2d`` and the ``IndexerConfig`` fields. A result holds,
+``ctx_2d``, the ``IndexerConfig`` fields and optionally ``fp8_native`` / ``fp8_mma`` (default:
+the target's decode, e4m3 MMAs). A result holds,
 per kernel, ``shared`` bytes (or ``error`` text) and compile seconds.
 """
 
@@ -93,8 +94,8 @@ def _record_indexer(job: dict) -> list:
             torch.zeros(B, 32, dtype=torch.int32),
             torch.zeros(B * next_n, 2048),
             64,
-            arch.fp8_native,
-            True,
+            job.get("fp8_native", arch.fp8_native),
+            job.get("fp8_mma", True),
             cfg,
         )
     else:
@@ -109,8 +110,8 @@ def _record_indexer(job: dict) -> list:
             torch.zeros(M, dtype=torch.int32),
             torch.zeros(M, dtype=torch.int32),
             torch.zeros(M, N),
-            arch.fp8_native,
-            True,
+            job.get("fp8_native", arch.fp8_native),
+            job.get("fp8_mma", True),
             cfg,
         )
     assert len(rec.calls) == 1
