@@ -26,9 +26,15 @@ from .shared import (
 
 @triton.jit
 def _load_latent(
-    KV, o_row, m_n, stride_kd, dtype: tl.constexpr, L: tl.constexpr, E4M3: tl.constexpr,
+    KV,
+    o_row,
+    m_n,
+    stride_kd,
+    dtype: tl.constexpr,
+    L: tl.constexpr,
+    E4M3: tl.constexpr,
     FP8_NATIVE: tl.constexpr,
-):  # fmt: skip
+):
     # the latent part of BLOCK_N gathered rows -> [BLOCK_N, L] in `dtype` (K and V at once)
     o_l = tl.arange(0, L)
     b_kn = tl.load(KV + o_row[:, None] + o_l[None, :] * stride_kd, mask=m_n[:, None], other=0)
@@ -41,10 +47,19 @@ def _load_latent(
 
 @triton.jit
 def _load_rope(
-    KV, o_row, m_n, stride_kd, dtype: tl.constexpr, L: tl.constexpr, R: tl.constexpr,
-    E4M3: tl.constexpr, FP8_NATIVE: tl.constexpr,
-):  # fmt: skip
-    # the rope part of BLOCK_N gathered rows -> [BLOCK_N, R] in `dtype`
+    KV,
+    o_row,
+    m_n,
+    stride_kd,
+    dtype: tl.constexpr,
+    L: tl.constexpr,
+    R: tl.constexpr,
+    E4M3: tl.constexpr,
+    FP8_NATIVE: tl.constexpr,
+):
+    # the rope part of BLOCK_N gathered rows -> [BLOCK_N, R] in `dtype`. Written apart from
+    # _load_latent, with L added after the broadcast: one helper over `col0 + arange` moved an
+    # index computation and changed the step-ahead tiles' SASS (perf-log/10-asm-equivalence.txt)
     o_r = tl.arange(0, R)
     b_kr = tl.load(KV + o_row[:, None] + (L + o_r[None, :]) * stride_kd, mask=m_n[:, None], other=0)
     if E4M3:
