@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 
 import pytest
 import torch
@@ -46,6 +47,13 @@ def test_verify_runs_and_passes(capsys):
     assert all(" pass, " in x and "rel err" in x for x in progress)
     assert any(tol in x for x in progress)
     assert any(x.startswith("pass: relative Frobenius error") for x in lines)
+    # the table names the kernel configuration each case ran (the plan's, not a guess)
+    header = next(x for x in lines if x.startswith("case "))
+    assert " kernel " in header
+    i = lines.index(header) + 2  # past the dashes
+    rows = lines[i : i + n]
+    assert all(re.search(r" h(16|32|64) n\d+ w\d+ s\d+ k\d+", x) for x in rows), rows
+    assert any(x.startswith("kernel (as run)") for x in lines)
 
 
 def test_version(capsys):

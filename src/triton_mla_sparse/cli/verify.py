@@ -59,6 +59,7 @@ def main(args: argparse.Namespace) -> int:
                 res.dtype,
                 f"{res.tokens}x{res.heads}",
                 res.topk,
+                res.config,
                 num(res.err, ".2e"),
                 f"{tol:.1e}",
                 verdict,
@@ -66,7 +67,12 @@ def main(args: argparse.Namespace) -> int:
             ]
         )
     print()
-    header = ["case", "kv", "dtype", "TxH", "topk", "rel err", "tol", "result", "time"]
+    header = ["case", "kv", "dtype", "TxH", "topk", "kernel", "rel err", "tol", "result", "time"]
     print(table(rows, header))
+    print(
+        "kernel (as run): heads per program h, rows per gather step n, warps w, stages s, top-k\n"
+        "  splits k; +ia indices a step ahead, +st staged fp8_ds_mla tiles, +int integer e4m3\n"
+        "  decode, +qmma MMAs in q's dtype, -pdl merge without dependent launch"
+    )
     print(f"{len(rows) - failed} passed, {failed} failed")
     return 1 if failed else 0
