@@ -124,8 +124,9 @@ def cmd_report(args: argparse.Namespace) -> None:
 
 def cmd_indexer(args: argparse.Namespace) -> None:
     """The paged decode logits variants the indexer's open targets are about, on sm90: e4m3 q
-    natively (e4m3 MMAs) and through the integer decode (fp16 MMAs, sm80's path), H 32 and 64,
-    next_n 1 and 2, each with the tile choose_paged_config picks for 128 requests."""
+    natively (e4m3 MMAs), with the hardware decode feeding fp16 MMAs (the like-for-like baseline
+    of sm80's path) and through the integer decode (fp16 MMAs, sm80's path), H 32 and 64, next_n
+    1 and 2, each with the tile choose_paged_config picks for 128 requests."""
     import torch
 
     from triton_mla_sparse.ops.indexer.heuristics import Arch, block_h_for, choose_paged_config
@@ -134,8 +135,11 @@ def cmd_indexer(args: argparse.Namespace) -> None:
     jobs = {}
     for heads, next_n in ((32, 1), (32, 2), (64, 1), (64, 2)):
         c = choose_paged_config(128, next_n, heads, torch.uint8, arch)
-        for decode in ("native", "integer"):
-            extra = {} if decode == "native" else {"fp8_native": False, "fp8_mma": False}
+        for decode, extra in (
+            ("native", {}),
+            ("native-fp16mma", {"fp8_mma": False}),  # hardware decode, sm80's MMA type
+            ("integer", {"fp8_native": False, "fp8_mma": False}),
+        ):
             key = (
                 f"paged-H{heads}-nn{next_n}-{decode}-r{c.rows}n{c.block_n}c{c.chunk}s{c.num_stages}"
             )
