@@ -113,6 +113,28 @@ def test_split_workspace_and_merge_go_together():
     )
 
 
+def test_merge_columns_divide_the_latent_width():
+    """The merge stores BLOCK_L columns per program unmasked: BLOCK_L must divide L and never
+    exceed it, for every latent width the interface admits and every split count."""
+    for latent, splits in itertools.product([16, 32, 64, 128, 256, 512, 1024], range(2, 65)):
+        cfg = KernelConfig(16, 16, 4, 2, num_splits=splits)
+        plan = make_plan(
+            num_tokens=1,
+            num_heads=4,
+            latent=latent,
+            rope=0,
+            width=16 * splits,
+            dtype=torch.float16,
+            kv_format="auto",
+            arch=H200,
+            on_gpu=True,
+            config=cfg,
+        )
+        block_l = plan.merge.constexprs["BLOCK_L"]
+        assert block_l <= latent and latent % block_l == 0, (latent, splits, block_l)
+        assert plan.merge.grid[1] * block_l == latent
+
+
 @pytest.mark.parametrize(
     "arch, on_gpu, override, want",
     [

@@ -258,6 +258,29 @@ def test_small_rank(dtype):
         run_case(q, cache, idx, dtype, fkw, cfg, kv_lora_rank=lr)
 
 
+@pytest.mark.parametrize("dtype", DTYPE_PARAMS)
+@pytest.mark.parametrize("lr", [16, 32, 64])
+@pytest.mark.parametrize("fmt", ["auto", "fp8"])
+def test_narrow_rank_split_writes_only_its_columns(dtype, lr, fmt):
+    """kv_lora_rank below the merge's 64-column minimum, split: the merge writes the L output
+    columns and nothing past them (it once stored 64 columns whatever L was: out of bounds for
+    kv_lora_rank 16 and 32). out is a view into a poisoned wider buffer whose tail must stay
+    untouched."""
+    skip_bad_combo(dtype)
+    g = gen(17 + lr)
+    t, h, n, w, rr = 3, 5, 300, 90, 16
+    q = randn(t, h, lr + rr, g=g, dtype=dtype)
+    cache, fkw = make_cache(randn(n, lr + rr, g=g), fmt, dtype)
+    idx = rand_indices(t, w, n, g)
+    cfg = dataclasses.replace(config_for(t, h, w, dtype, fmt, None), num_splits=4)
+    ref_out, ref_lse = reference(q, cache, idx, kv_lora_rank=lr, **fkw)
+    wide = poison_(torch.empty(t, h, lr + 64, dtype=dtype, device=DEVICE))
+    out = wide[..., :lr]
+    _, lse = sparse_mla(q, cache, idx, return_lse=True, config=cfg, out=out, kv_lora_rank=lr, **fkw)
+    assert_matches(out, lse, ref_out, ref_lse, dtype)
+    assert torch.isnan(wide[..., lr:]).all(), "the merge wrote past the output's columns"
+
+
 def test_zero_tokens():
     q = torch.randn(0, 4, D, device=DEVICE)
     out, lse = sparse_mla(

@@ -138,7 +138,9 @@ def make_plan(
     merge = None
     if split:
         s_pad = 1 << (num_splits - 1).bit_length()
-        block_l = max(64, min(latent, 4096 // s_pad))
+        # output columns per merge program: 4096 // S_PAD, at least 64, never past the latent
+        # width (the merge stores unmasked: BLOCK_L must divide L)
+        block_l = min(latent, max(64, 4096 // s_pad))
         merge = MergePlan(
             grid=(num_tokens * num_heads, -(-latent // block_l)),
             constexprs=dict(L=latent, S_PAD=s_pad, BLOCK_L=block_l, STORE_LSE=store_lse, PDL=pdl),
