@@ -5,6 +5,10 @@
 #   bash benchmarks/device_session.sh t38        # Triton 3.8 (vLLM's pin): fp8 hazard, indexer
 #   bash benchmarks/device_session.sh rest       # Triton 3.6: sm80/86/89 by PTX JIT, glue, peers
 #
+# The complete procedure (docs/RELIABILITY.md), one call each, roughly 90 min of device time
+# (three 30-minute session budgets): full memcheck 0|1, full initcheck 0, full racecheck 0..3,
+# graph, emulate 80 0|1, emulate 86 0|1, emulate 89 0|1.
+#
 # Triton 3.8 travels as two ignored parts (.t38/part_aa, .t38/part_ab: its wheel's triton/ less
 # cupti, libproton, ptxas-blackwell and the AMD backend, tar.xz, split): the sanitize call carries
 # part 1 and copies it to /tmp, the t38 call carries part 2 and unpacks both to /tmp/t38.
@@ -12,11 +16,11 @@
 # Both are built here by benchmarks/prepare_device_carry.sh.
 # Full logs: one tarball per phase under $OUT; each step's exit status and seconds last.
 set -u
-PHASE=${1:?usage: device_session.sh sanitize|memcheck|t38|rest}
+PHASE=${1:?usage: device_session.sh sanitize|memcheck|t38|rest|full TOOL K|graph|emulate}
 cd "$(dirname "$0")/.." || exit 2
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
 FINAL=${OUT:-/tmp/out}
-L=/tmp/logs/$PHASE
+L=/tmp/logs/$PHASE${2:+-$2}${3:+-$3}
 mkdir -p "$L" "$FINAL"
 : > "$L/steps.txt"
 export OUT=$L  # every tool's own logs go into this phase's tarball
@@ -96,8 +100,36 @@ case $PHASE in
       echo "== $f"; tail -5 "$L/$f.txt" | cut -c1-200
     done
     ;;
+  full)
+    # The whole sanitize suite over device calls, one slice a call: PART K of the 1043 sm90 cases
+    # in coverage order (memcheck 0-1 and initcheck 0: ~520 cases each; racecheck 0-3: ~260).
+    # Estimated from the last runs (compiles ~200 s on a fresh machine, cached after; memcheck
+    # ~2 cases/s, initcheck ~2.3/s, racecheck ~0.65/s on 16 shards): ~60 min of device time for
+    # the three tools; graph and emulate (phases of their own) add ~30 min.
+    TOOL=${2:?usage: device_session.sh full memcheck|initcheck|racecheck K}
+    K=${3:?part index}
+    N=$([ "$TOOL" = racecheck ] && echo 261 || echo 522)
+    san "$TOOL" 570 --skip-cases $((K * N)) --max-cases "$N"
+    echo "== $TOOL part $K (cases $((K * N))-$((K * N + N - 1)))"
+    grep -h "SUMMARY" "$L/$TOOL"/*.sanitizer.txt 2>/dev/null | sort | uniq -c
+    grep -h "Invalid\|Uninitialized\|Race\|error" "$L/$TOOL"/*.sanitizer.txt 2>/dev/null | head -5
+    tail -4 "$L/$TOOL.txt"
+    ;;
+  graph)
+    step graph 570 python benchmarks/reliability.py --suite graph --jobs 8 --log "$L/graph.json"
+    tail -8 "$L/graph.txt"
+    ;;
+  emulate)
+    # PTX JIT of one target, a slice of 350 cases a call (sm80: 694 cases, parts 0-1; sm86 and
+    # sm89: 380, parts 0-1)
+    CC=${2:?usage: device_session.sh emulate 80|86|89 K}
+    K=${3:?part index}
+    step "emulate$CC" 570 python benchmarks/reliability.py --suite emulate --arch "$CC" --jobs 16 \
+      --skip-cases $((K * 350)) --max-cases 350 --log "$L/emulate$CC.json"
+    tail -6 "$L/emulate$CC.txt"
+    ;;
   *) echo "unknown phase $PHASE"; exit 2 ;;
 esac
 echo "== steps ($PHASE)"
 cat "$L/steps.txt"
-tar czf "$FINAL/$PHASE.tgz" -C /tmp/logs "$PHASE"
+tar czf "$FINAL/$(basename "$L").tgz" -C /tmp/logs "$(basename "$L")"

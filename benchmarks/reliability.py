@@ -99,6 +99,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         help="keep cases whose name or config contains A or B; repeat to AND",
     )
     p.add_argument("--max-cases", type=int, default=None, help="run the first N (coverage order)")
+    p.add_argument(
+        "--skip-cases",
+        type=int,
+        default=0,
+        help="drop the first N (coverage order) before --max-cases: splits a pass over device calls",
+    )
     p.add_argument("--max-tokens", type=int, default=None, help="drop cases with more tokens")
     p.add_argument("--shard", default=None, metavar="K/N", help="run every N-th case from the K-th")
     p.add_argument("--jobs", type=int, default=1, help="run shards in N parallel processes")
@@ -147,6 +153,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         p.error("--smoke runs the sanitize suite's logic on CPU; graph and emulate need a GPU")
     if args.suite == "emulate" and args.arch not in (80, 86, 89):
         p.error(f"--arch must be 80, 86 or 89 for --suite emulate, got {args.arch}")
+    if args.skip_cases < 0:
+        p.error(f"--skip-cases must be >= 0, got {args.skip_cases}")
     if args.jobs < 1 or (args.max_cases is not None and args.max_cases < 0):
         p.error("--jobs must be >= 1 and --max-cases >= 0")
     if args.jobs > 1 and args.shard:
@@ -551,6 +559,8 @@ def filter_cases(cases: list[Case], info: dict, args: argparse.Namespace) -> lis
     cases = coverage_order(cases, info) if len(cases) <= 3000 else sorted(cases, key=_score)
     if args.max_tokens is not None:
         cases = [c for c in cases if c.T <= args.max_tokens]  # noqa: SIM300
+    if args.skip_cases:
+        cases = cases[args.skip_cases :]
     if args.max_cases is not None:
         cases = cases[: args.max_cases]
     if args.shard:
