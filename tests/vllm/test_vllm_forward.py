@@ -42,16 +42,16 @@ def vllm_ctx():
         yield cfg
 
 
-def _common_metadata():
-    return common_metadata(REQUESTS, BLOCK_TABLE)
+def _common_metadata(requests=REQUESTS, block_table=BLOCK_TABLE):
+    return common_metadata(requests, block_table)
 
 
-def _topk_buffer(gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def _topk_buffer(gen: torch.Generator, requests=REQUESTS) -> tuple[torch.Tensor, torch.Tensor]:
     """The indexer's buffer: -1 everywhere, then causal request-local positions with -1 holes."""
     buf = torch.full((MAX_TOKENS, WIDTH), -1, dtype=torch.int32)
     req_ids = []
     t = 0
-    for r, (qlen, seq) in enumerate(REQUESTS):
+    for r, (qlen, seq) in enumerate(requests):
         for i in range(qlen):
             pos = seq - qlen + i  # this token's position; it may attend to 0..pos
             k = min(pos + 1, 48 if qlen == 1 else 6)  # keep the interpreter's work small
@@ -123,15 +123,49 @@ def test_builder_classifies_mixed_batch(vllm_ctx):
     assert md.req_id_per_token.tolist() == [0, 1] + [2] * 130
 
 
+def _random_batch(seed: int) -> tuple[list[tuple[int, int]], list[list[int]]]:
+    """A reordered batch as vLLM builds it (decodes, then a prefill on even seeds): 1-4
+    requests, decodes of 1-4 query tokens (spec decode), a prefill past the reorder threshold,
+    sequence lengths not multiples of the block, a scrambled block table over the cache's blocks
+    (unused entries 0)."""
+    rng = torch.Generator().manual_seed(1000 + seed)
+    n = int(torch.randint(1, 5, (1,), generator=rng))
+    n_pre = 1 - seed % 2  # odd seeds: a decode-only batch (decodes are captured in graphs)
+    reqs = []
+    for i in range(n):
+        qlen = (
+            int(torch.randint(129, 140, (1,), generator=rng))
+            if i >= n - n_pre
+            else int(torch.randint(1, 5, (1,), generator=rng))
+        )
+        seq = qlen + int(torch.randint(0, 256 - qlen, (1,), generator=rng))
+        reqs.append((qlen, seq))
+    perm = torch.randperm(NUM_BLOCKS, generator=rng).tolist()
+    table, used = [], 0
+    for _, seq in reqs:
+        need = -(-seq // BLOCK)
+        if used + need > NUM_BLOCKS:
+            used = 0  # requests may share physical blocks: the reference reads the same rows
+        table.append((perm[used : used + need] + [0] * 4)[:4])
+        used += need
+    return reqs, table
+
+
+BATCHES = [("fixed", REQUESTS, BLOCK_TABLE)] + [(f"random{s}", *_random_batch(s)) for s in range(4)]
+
+
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8", "fp8_ds_mla"])
-def test_forward_mqa_matches_reference(vllm_ctx, monkeypatch, kv_cache_dtype):
+@pytest.mark.parametrize("batch", BATCHES, ids=[b[0] for b in BATCHES])
+def test_forward_mqa_matches_reference(vllm_ctx, monkeypatch, kv_cache_dtype, batch):
+    """vLLM's metadata and forward_mqa on a fixed mixed batch and on random reordered batches."""
     from vllm.v1.kv_cache_interface import MLAAttentionSpec
 
     from triton_mla_sparse.vllm_plugin import backend as backend_mod
 
+    _, requests, block_table = batch
     gen = torch.Generator().manual_seed(0)
-    buf, req_ids = _topk_buffer(gen)
-    cm = _common_metadata()
+    buf, req_ids = _topk_buffer(gen, requests)
+    cm = _common_metadata(requests, block_table)
     num_tokens = cm.num_actual_tokens
     spec = MLAAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=576, dtype=torch.float16)
     builder = backend_mod.TritonMLASparseMetadataBuilder(
@@ -180,7 +214,7 @@ def test_forward_mqa_matches_reference(vllm_ctx, monkeypatch, kv_cache_dtype):
         ref_cache,
         buf[:num_tokens],
         576**-0.5,
-        block_table=torch.tensor(BLOCK_TABLE, dtype=torch.int32),
+        block_table=torch.tensor(block_table, dtype=torch.int32),
         req_ids=req_ids,
         block_size=BLOCK,
         kv_format=ref_format,
