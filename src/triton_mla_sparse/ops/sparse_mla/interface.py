@@ -377,6 +377,8 @@ def sparse_mla(
             ``block_table[req_ids[t], pos // block_size] * block_size + pos % block_size``;
             positions past the table, with a negative table entry, or with an entry whose
             rows lie past the cache (never wrapped around int32) are skipped. Any strides.
+            ``req_ids`` must lie in ``[0, R)``: not checked (that would read a device tensor on
+            the host); an id outside it reads outside ``block_table``.
         kv_format: ``"auto"``, ``"fp8"`` or ``"fp8_ds_mla"``.
         k_scale: per-tensor dequantization scale for ``"fp8"`` (float or 0-d/1-element float32
             tensor on q's device, the latter for CUDA graphs); default 1.
