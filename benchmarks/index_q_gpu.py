@@ -21,19 +21,7 @@ import torch
 
 from triton_mla_sparse.bench import measure_ceilings, time_graph
 from triton_mla_sparse.ops.index_q import index_q_rope
-
-
-def rope64(x: torch.Tensor, cs: torch.Tensor, pos: torch.Tensor, interleave: bool) -> torch.Tensor:
-    x = x.double().clone()
-    half = cs.shape[1] // 2
-    cos, sin = cs[pos, :half].double()[:, None], cs[pos, half:].double()[:, None]
-    if interleave:
-        e, o = x[..., 0 : 2 * half : 2].clone(), x[..., 1 : 2 * half : 2].clone()
-        x[..., 0 : 2 * half : 2], x[..., 1 : 2 * half : 2] = e * cos - o * sin, o * cos + e * sin
-    else:
-        lo, hi = x[..., :half].clone(), x[..., half : 2 * half].clone()
-        x[..., :half], x[..., half : 2 * half] = lo * cos - hi * sin, hi * cos + lo * sin
-    return x
+from triton_mla_sparse.reference import rope_reference
 
 
 def inputs(T: int, H: int, Hi: int, dtype: torch.dtype, dev: torch.device, seed: int = 0):
@@ -56,8 +44,8 @@ def check(
             out_pe, out_iq, out_w = index_q_rope(
                 pos, q_pe, cs, iq, cs, w, 0.0625, interleave=interleave
             )
-            e_pe = (out_pe.double() - rope64(q_pe, cs, pos, True)).abs().max().item()
-            want = rope64(iq, cs, pos, interleave)
+            e_pe = (out_pe.double() - rope_reference(q_pe, cs, pos, True)).abs().max().item()
+            want = rope_reference(iq, cs, pos, interleave)
             e_iq = ((out_iq.double() - want).abs() / want.abs().clamp_min(1)).max().item()
             e_w = (out_w.double() - w.double() * 0.0625).abs().max().item()
             ok = e_pe <= tol * 2 and e_iq <= tol * 2 and e_w == 0.0

@@ -8,6 +8,7 @@ import torch
 from conftest import DEVICE, dtype_id
 
 from triton_mla_sparse.ops.index_q import index_q_rope
+from triton_mla_sparse.reference import rope_reference
 
 DTYPES = [torch.float16, torch.float32] + ([torch.bfloat16] if DEVICE.type == "cuda" else [])
 
@@ -18,23 +19,6 @@ def rope_cache(positions: int, rot: int, seed: int = 0) -> torch.Tensor:
     ang = torch.arange(positions, dtype=torch.float64)[:, None] * inv[None, :]
     ang = ang + torch.rand(ang.shape, generator=g, dtype=torch.float64)  # not just a table
     return torch.cat([ang.cos(), ang.sin()], dim=-1)
-
-
-def rope_ref(
-    x: torch.Tensor, cs: torch.Tensor, pos: torch.Tensor, interleave: bool
-) -> torch.Tensor:
-    """float64 rope of the first cs.shape[1] dims of x [T, H, D]."""
-    x = x.double().clone()
-    rot = cs.shape[1]
-    half = rot // 2
-    cos, sin = cs[pos.long(), :half][:, None, :], cs[pos.long(), half:][:, None, :]
-    if interleave:
-        a, b = x[..., 0:rot:2].clone(), x[..., 1:rot:2].clone()
-        x[..., 0:rot:2], x[..., 1:rot:2] = a * cos - b * sin, b * cos + a * sin
-    else:
-        a, b = x[..., :half].clone(), x[..., half:rot].clone()
-        x[..., :half], x[..., half:rot] = a * cos - b * sin, b * cos + a * sin
-    return x
 
 
 def e4m3_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,8 +57,9 @@ def test_rope_and_weights(dtype, interleave):
         interleave=interleave,
     )
     tol = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2, torch.float32: 1e-5}[dtype]
-    want_pe = rope_ref(q_pe, cs_q.float().double(), pos, interleave=True)  # MLA rope: interleaved
-    want_iq = rope_ref(iq, cs_i.float().double(), pos, interleave)
+    # the MLA rope is interleaved
+    want_pe = rope_reference(q_pe, cs_q.float().double(), pos, interleave=True)
+    want_iq = rope_reference(iq, cs_i.float().double(), pos, interleave)
     assert out_pe.dtype == dtype and out_iq.dtype == dtype and out_w.dtype == torch.float32
     torch.testing.assert_close(out_pe.cpu().double(), want_pe, rtol=tol, atol=tol)
     torch.testing.assert_close(out_iq.cpu().double(), want_iq, rtol=tol, atol=tol * 3)
@@ -120,7 +105,7 @@ def test_emulated_e4m3_matches_torch_bit_for_bit(interleave):
     assert torch.equal(out_iq.cpu(), vals)
     assert torch.equal(out_w.cpu(), (w * 0.5) * scale)
     # and the whole thing is close to the float64 pipeline
-    want = rope_ref(iq, cs.double(), pos, interleave)
+    want = rope_reference(iq, cs.double(), pos, interleave)
     got = out_iq.cpu().double() * scale.double()[..., None]
     assert (got - want).abs().max() <= 2**-4 * want.abs().amax()
 
@@ -130,7 +115,7 @@ def test_no_indexer_layer_and_zero_tokens():
     cs = rope_cache(50, 64).float()
     out_pe, iq, w = index_q_rope(pos.to(DEVICE), q_pe.to(DEVICE), cs.to(DEVICE))
     assert iq is None and w is None
-    want = rope_ref(q_pe, cs.double(), pos, True)
+    want = rope_reference(q_pe, cs.double(), pos, True)
     torch.testing.assert_close(out_pe.cpu().double(), want, rtol=2e-3, atol=2e-3)
     e = index_q_rope(pos[:0].to(DEVICE), q_pe[:0].to(DEVICE), cs.to(DEVICE))
     assert e[0].shape == (0, 2, 64)

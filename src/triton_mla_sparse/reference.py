@@ -249,3 +249,24 @@ def mqa_logits_reference(
         res[i, col[:n][ok]] = (s @ w[m]) * sc[kk]
         written[i, col[:n][ok]] = True
     return _finish(res, written, out)
+
+
+def rope_reference(
+    x: torch.Tensor, cos_sin_cache: torch.Tensor, positions: torch.Tensor, interleave: bool
+) -> torch.Tensor:
+    """float64 RoPE of the first ``rot = cos_sin_cache.shape[1]`` dims of ``x [T, H, D]`` (the rest
+    unchanged), as vLLM applies it: ``cos_sin_cache [max_pos, rot]`` holds ``rot / 2`` cosines then
+    ``rot / 2`` sines per position; ``interleave`` rotates pairs (2i, 2i+1) (the MLA rope), else
+    the halves (i, i + rot/2) (NeoX, the index q's default)."""
+    x = x.double().clone()
+    rot = cos_sin_cache.shape[1]
+    half = rot // 2
+    cs = cos_sin_cache[positions.long()].double()
+    cos, sin = cs[:, None, :half], cs[:, None, half:]
+    if interleave:
+        a, b = x[..., 0:rot:2].clone(), x[..., 1:rot:2].clone()
+        x[..., 0:rot:2], x[..., 1:rot:2] = a * cos - b * sin, b * cos + a * sin
+    else:
+        a, b = x[..., :half].clone(), x[..., half:rot].clone()
+        x[..., :half], x[..., half:rot] = a * cos - b * sin, b * cos + a * sin
+    return x

@@ -27,6 +27,7 @@ from test_vllm_indexer_glue import (  # noqa: E402
 )
 
 from triton_mla_sparse.kv_format import quantize_indexer_k, write_indexer_cache  # noqa: E402
+from triton_mla_sparse.reference import rope_reference  # noqa: E402
 from triton_mla_sparse.vllm_plugin import indexer as inst  # noqa: E402
 
 HEADS, IH, ID = 16, 8, 128  # attention heads per rank; index heads, index head dim
@@ -77,19 +78,6 @@ def _indexer_builder(cfg):
     return DeepseekV32IndexerMetadataBuilder(
         spec, [PREFIX], icfg, torch.device("cpu"), block_table_width=len(BLOCK_TABLE[0])
     )
-
-
-def _rope(x, cs, pos, interleave):
-    x = x.double().clone()
-    half = cs.shape[1] // 2
-    cos, sin = cs[pos, :half].double()[:, None], cs[pos, half:].double()[:, None]
-    if interleave:
-        e, o = x[..., 0 : 2 * half : 2].clone(), x[..., 1 : 2 * half : 2].clone()
-        x[..., 0 : 2 * half : 2], x[..., 1 : 2 * half : 2] = e * cos - o * sin, o * cos + e * sin
-    else:
-        lo, hi = x[..., :half].clone(), x[..., half : 2 * half].clone()
-        x[..., :half], x[..., half : 2 * half] = lo * cos - hi * sin, hi * cos + lo * sin
-    return x
 
 
 @pytest.mark.parametrize("interleave", [False, True], ids=["neox", "interleaved"])
@@ -205,9 +193,9 @@ def test_dsa_layer_matches_dense_float64(vllm_ctx, monkeypatch, interleave):
         inst.uninstall()
 
     # dense float64 pipeline
-    iq64 = _rope(index_q, cs, positions, interleave)
+    iq64 = rope_reference(index_q, cs, positions, interleave)
     w64 = index_w.double() * ID**-0.5 * IH**-0.5
-    qpe64 = _rope(q_pe, cs, positions, True)
+    qpe64 = rope_reference(q_pe, cs, positions, True)
     t = 0
     for r, (qlen, seq) in enumerate(REQUESTS):
         k8, ks = kidx[r]
