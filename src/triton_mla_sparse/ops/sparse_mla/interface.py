@@ -13,7 +13,7 @@ from ...kv_format import DS_MLA_LATENT, DS_MLA_ROPE, DS_MLA_ROW_BYTES, KV_FORMAT
 from ..host import describe as _shape
 from ..host import is_pow2 as _is_pow2
 from .heuristics import KernelConfig, arch_of
-from .plan import FAMILY_OF, LATENT, LaunchPlan, make_plan
+from .plan import LaunchPlan, check_config, make_plan
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -273,22 +273,8 @@ def _checked(
         raise TypeError(f"return_lse must be a bool, got {return_lse!r}")
     if config is not None and not isinstance(config, KernelConfig):
         raise TypeError(f"config must be a KernelConfig or None, got {type(config).__name__}")
-    if config is not None and config.idx_ahead and has_bt:
-        raise ValueError(
-            f"config {config} asks for indices a step ahead (idx_ahead=True), which the kernel "
-            "does not do with a block_table (the block-table lookup keeps the in-step loop; "
-            "choose_config(..., block_table=True) never picks it): pass idx_ahead=False"
-        )
-    if config is not None and config.idx_ahead and FAMILY_OF[fmt] != LATENT:
-        raise ValueError(
-            f"config {config} asks for indices a step ahead (idx_ahead=True), which the "
-            f"kv_format={fmt!r} kernel does not do: pass idx_ahead=False"
-        )
-    if config is not None and config.stage_dequant and fmt != "fp8_ds_mla":
-        raise ValueError(
-            f"config {config} asks for stage_dequant=True, which applies to "
-            f"kv_format='fp8_ds_mla' only (got kv_format={fmt!r})"
-        )
+    if config is not None:
+        check_config(config, fmt, has_bt)  # also for T == 0, where no plan is made
     if device.type == "cpu" and not _interpreted():
         raise ValueError(
             "sparse_mla runs on CUDA/ROCm tensors (CPU tensors only under TRITON_INTERPRET=1); "

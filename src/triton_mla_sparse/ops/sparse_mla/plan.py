@@ -61,6 +61,27 @@ class LaunchPlan:
         return self.config.num_splits
 
 
+def check_config(cfg: KernelConfig, kv_format: str, has_bt: bool) -> None:
+    """Refuse a configuration asking for a variant the format's kernel family does not have."""
+    if cfg.idx_ahead and has_bt:
+        raise ValueError(
+            f"config {cfg} asks for indices a step ahead (idx_ahead=True), which the kernel "
+            "does not do with a block_table (the block-table lookup keeps the in-step loop; "
+            "choose_config(..., block_table=True) never picks it): pass idx_ahead=False "
+            f"(kv_format={kv_format!r}, block table: True)"
+        )
+    if cfg.idx_ahead and FAMILY_OF[kv_format] != LATENT:
+        raise ValueError(
+            f"config {cfg} asks for indices a step ahead (idx_ahead=True), which the "
+            f"kv_format={kv_format!r} kernel does not do: pass idx_ahead=False"
+        )
+    if cfg.stage_dequant and FAMILY_OF[kv_format] != DS_MLA:
+        raise ValueError(
+            f"config {cfg} asks for stage_dequant=True, which applies to "
+            f"kv_format='fp8_ds_mla' only (got kv_format={kv_format!r})"
+        )
+
+
 def make_plan(
     *,
     num_tokens: int,
@@ -89,13 +110,7 @@ def make_plan(
     cfg = config or choose_config(
         num_tokens, num_heads, width, dtype, kv_format, arch, block_table=has_bt
     )
-    if cfg.idx_ahead and (has_bt or family != LATENT):
-        raise ValueError(
-            f"{cfg} loads indices a step ahead (idx_ahead=True), which only the latent family "
-            f"without a block table does (kv_format={kv_format!r}, block table: {has_bt})"
-        )
-    if cfg.stage_dequant and family != DS_MLA:
-        raise ValueError(f"{cfg}: stage_dequant applies to kv_format='fp8_ds_mla' only")
+    check_config(cfg, kv_format, has_bt)
     split_len, num_splits = split_len_for(width, cfg.num_splits, cfg.block_n)
     split = num_splits > 1
     fp16_mma = cfg.fp16_mma
