@@ -122,3 +122,30 @@ def common_metadata(requests: list[tuple[int, int]], block_table: list[list[int]
         slot_mapping=torch.zeros(n, dtype=torch.int64),
         seq_lens_cpu_upper_bound=seqs.clone(),
     )
+
+
+def mla_sparse_impl(heads: int, kv_cache_dtype: str, topk_buffer, scale: float = 576**-0.5):
+    """The plugin's impl as vLLM's MLA layer constructs it for a DeepSeek-V3.2-shaped model."""
+    from triton_mla_sparse.vllm_plugin.backend import TritonMLASparseImpl
+
+    return TritonMLASparseImpl(
+        num_heads=heads,
+        head_size=576,
+        scale=scale,
+        num_kv_heads=1,
+        alibi_slopes=None,
+        sliding_window=None,
+        kv_cache_dtype=kv_cache_dtype,
+        logits_soft_cap=None,
+        attn_type="decoder",
+        kv_sharing_target_layer_name=None,
+        q_lora_rank=1536,
+        kv_lora_rank=512,
+        qk_nope_head_dim=128,
+        qk_rope_head_dim=64,
+        qk_head_dim=192,
+        v_head_dim=128,
+        kv_b_proj=None,
+        indexer=None,
+        topk_indices_buffer=topk_buffer,
+    )

@@ -17,7 +17,7 @@ import torch
 pytest.importorskip("vllm", reason="vllm is not installed (CI installs vllm==0.33.0)")
 pytestmark = pytest.mark.vllm
 
-from cpu_vllm import common_metadata, cpu_vllm_config  # noqa: E402
+from cpu_vllm import common_metadata, cpu_vllm_config, mla_sparse_impl  # noqa: E402
 
 from triton_mla_sparse.kv_format import pack_fp8_ds_mla, quantize_fp8  # noqa: E402
 from triton_mla_sparse.reference import sparse_mla_reference  # noqa: E402
@@ -73,32 +73,6 @@ def _paged_cache(rows: torch.Tensor) -> torch.Tensor:
     view = raw[:, :BLOCK]
     assert view.stride(0) == STRIDE_ROWS * c
     return view
-
-
-def _make_impl(kv_cache_dtype: str, buf: torch.Tensor):
-    from triton_mla_sparse.vllm_plugin.backend import TritonMLASparseImpl
-
-    return TritonMLASparseImpl(
-        num_heads=HEADS,
-        head_size=576,
-        scale=576**-0.5,
-        num_kv_heads=1,
-        alibi_slopes=None,
-        sliding_window=None,
-        kv_cache_dtype=kv_cache_dtype,
-        logits_soft_cap=None,
-        attn_type="decoder",
-        kv_sharing_target_layer_name=None,
-        q_lora_rank=1536,
-        kv_lora_rank=512,
-        qk_nope_head_dim=128,
-        qk_rope_head_dim=64,
-        qk_head_dim=192,
-        v_head_dim=128,
-        kv_b_proj=None,
-        indexer=None,
-        topk_indices_buffer=buf,
-    )
 
 
 def test_builder_classifies_mixed_batch(vllm_ctx):
@@ -172,7 +146,7 @@ def test_forward_mqa_matches_reference(vllm_ctx, monkeypatch, kv_cache_dtype, ba
         spec, ["layer.0"], vllm_ctx, torch.device("cpu")
     )
     md = builder.build(0, cm)
-    impl = _make_impl(kv_cache_dtype, buf)
+    impl = mla_sparse_impl(HEADS, kv_cache_dtype, buf)
 
     rows = torch.randn(NUM_BLOCKS * BLOCK, 576, generator=gen)
     k_scale = None

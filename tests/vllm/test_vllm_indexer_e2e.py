@@ -19,7 +19,7 @@ import torch
 pytest.importorskip("vllm", reason="vllm is not installed (CI installs vllm==0.33.0)")
 pytestmark = pytest.mark.vllm
 
-from cpu_vllm import common_metadata, cpu_vllm_config  # noqa: E402
+from cpu_vllm import common_metadata, cpu_vllm_config, mla_sparse_impl  # noqa: E402
 from test_vllm_indexer_glue import (  # noqa: E402
     cp_gather_indexer_k_quant_cache,
     top_k_per_row_decode,
@@ -167,27 +167,7 @@ def test_dsa_layer_matches_dense_float64(vllm_ctx, monkeypatch, interleave):
         md = backend_mod.TritonMLASparseMetadataBuilder(
             spec, ["layer.0"], vllm_ctx, torch.device("cpu")
         ).build(0, _common())
-        impl = backend_mod.TritonMLASparseImpl(
-            num_heads=HEADS,
-            head_size=576,
-            scale=SCALE,
-            num_kv_heads=1,
-            alibi_slopes=None,
-            sliding_window=None,
-            kv_cache_dtype="auto",
-            logits_soft_cap=None,
-            attn_type="decoder",
-            kv_sharing_target_layer_name=None,
-            q_lora_rank=1536,
-            kv_lora_rank=512,
-            qk_nope_head_dim=128,
-            qk_rope_head_dim=64,
-            qk_head_dim=192,
-            v_head_dim=128,
-            kv_b_proj=None,
-            indexer=None,
-            topk_indices_buffer=buf,
-        )
+        impl = mla_sparse_impl(HEADS, "auto", buf, SCALE)
         out, _ = impl.forward_mqa((ql_nope, mqa_q_pe), mla, md, NS(_k_scale=torch.ones(1)))
     finally:
         inst.uninstall()
