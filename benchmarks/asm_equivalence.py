@@ -120,21 +120,31 @@ def _nvidia_tool(name: str) -> str:
     return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name)
 
 
-def sass(ptx: Path) -> str | None:
-    """The SASS ptxas (Triton's own, as at run time) makes of a PTX file, kernel names
-    normalized; None where neither of Triton's ptxas builds takes the target."""
+def ptxas_sass(ptx: Path) -> tuple[str, str, str] | None:
+    """(target, ptxas -v report, cuobjdump SASS) of a PTX file, assembled by Triton's own ptxas
+    as at run time; None where neither of Triton's ptxas builds takes the target."""
     target = re.search(r"^\.target\s+(\w+)", ptx.read_text(), re.M).group(1)
     with tempfile.TemporaryDirectory() as tmp:
         cubin = os.path.join(tmp, "k.cubin")
         for ptxas in ("ptxas", "ptxas-blackwell"):
-            cmd = [_nvidia_tool(ptxas), f"-arch={target}", str(ptx), "-o", cubin]
-            if subprocess.run(cmd, capture_output=True).returncode == 0:
+            cmd = [_nvidia_tool(ptxas), "-v", f"-arch={target}", str(ptx), "-o", cubin]
+            p = subprocess.run(cmd, capture_output=True, text=True)
+            if p.returncode == 0:
                 break
         else:
             return None
         text = subprocess.run(
             [_nvidia_tool("cuobjdump"), "-sass", cubin], capture_output=True, text=True
         ).stdout
+    return target, p.stderr, text
+
+
+def sass(ptx: Path) -> str | None:
+    """The SASS of a PTX file (ptxas_sass), kernel names normalized."""
+    got = ptxas_sass(ptx)
+    if got is None:
+        return None
+    text = got[2]
     names = set(re.findall(r"Function : (\w+)", text))
     body = "\n".join(x for x in text.splitlines() if "Function :" not in x)
     for i, n in enumerate(sorted(names, key=len, reverse=True)):

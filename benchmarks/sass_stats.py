@@ -17,15 +17,13 @@ import argparse
 import collections
 import json
 import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from asm_equivalence import _nvidia_tool  # noqa: E402
+from asm_equivalence import ptxas_sass  # noqa: E402
 
 # opcode (before the first '.') -> class
 CLASSES = {
@@ -45,28 +43,14 @@ _INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)[^
 
 def assemble(ptx: Path) -> tuple[dict, list[tuple[int, str, str]]]:
     """ptxas -v facts (registers, spill bytes) and the SASS as (address, opcode, text)."""
-    target = re.search(r"^\.target\s+(\w+)", ptx.read_text(), re.M).group(1)
-    with tempfile.TemporaryDirectory() as tmp:
-        cubin = str(Path(tmp) / "k.cubin")
-        for ptxas in ("ptxas", "ptxas-blackwell"):
-            p = subprocess.run(
-                [_nvidia_tool(ptxas), "-v", f"-arch={target}", str(ptx), "-o", cubin],
-                capture_output=True,
-                text=True,
-            )
-            if p.returncode == 0:
-                break
-        else:
-            raise RuntimeError(p.stderr[-500:])
-        sass = subprocess.run(
-            [_nvidia_tool("cuobjdump"), "-sass", cubin],
-            capture_output=True,
-            text=True,
-        ).stdout
+    got = ptxas_sass(ptx)
+    if got is None:
+        raise RuntimeError(f"neither of Triton's ptxas builds assembles {ptx}")
+    target, report, sass = got
     info = {"target": target}
-    m = re.search(r"Used (\d+) registers", p.stderr)
+    m = re.search(r"Used (\d+) registers", report)
     info["registers"] = int(m.group(1)) if m else None
-    m = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", p.stderr)
+    m = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
     info["spill_stores"], info["spill_loads"] = (int(m.group(1)), int(m.group(2))) if m else (0, 0)
     insns = []
     for line in sass.splitlines():
