@@ -9,10 +9,11 @@ kernel. All three must agree with the hardware conversion bit for bit.
 
 from __future__ import annotations
 
+import pytest
 import torch
 import triton
 import triton.language as tl
-from conftest import DEVICE
+from conftest import DEVICE, HAS_GPU
 
 from triton_mla_sparse.ops.common import _e4m3_byte, _e4m3_to, _round_e4m3
 
@@ -26,9 +27,11 @@ def _encode_kernel(X, Out, n, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _decode_kernel(B, Out, BLOCK: tl.constexpr):
+def _decode_kernel(
+    B, Out, BLOCK: tl.constexpr, DTYPE: tl.constexpr = tl.float32, NATIVE: tl.constexpr = False
+):
     o = tl.arange(0, BLOCK)
-    tl.store(Out + o, _e4m3_to(tl.load(B + o), tl.float32, False))
+    tl.store(Out + o, _e4m3_to(tl.load(B + o), DTYPE, NATIVE).to(tl.float32))
 
 
 def finite_values() -> torch.Tensor:
@@ -75,3 +78,26 @@ def test_integer_decode_equals_torch_for_every_finite_code():
     fin = torch.isfinite(want)
     assert torch.equal(got[fin], want[fin])
     assert torch.equal(torch.signbit(got[fin]), torch.signbit(want[fin]))  # -0.0 stays -0.0
+
+
+NATIVE_DTYPES = [("fp16", tl.float16), ("fp32", tl.float32)] + (
+    [("bf16", tl.bfloat16)] if HAS_GPU else []
+)
+
+
+@pytest.mark.parametrize("dtype", [d for _, d in NATIVE_DTYPES], ids=[n for n, _ in NATIVE_DTYPES])
+def test_native_decode_equals_torch_for_every_code(dtype):
+    """The hardware decode (sm89+; the interpreter's emulation on CPU) into each MMA operand type:
+    every finite code exact; NaN codes NaN on the GPU (the interpreter reads them as +-480)."""
+    if HAS_GPU and torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("hardware e4m3 conversion needs sm89+")
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    out = torch.empty(256, dtype=torch.float32, device=DEVICE)
+    _decode_kernel[(1,)](codes.to(DEVICE), out, BLOCK=256, DTYPE=dtype, NATIVE=True)
+    want = codes.view(torch.float8_e4m3fn).float()
+    fin = torch.isfinite(want)
+    got = out.cpu()
+    assert torch.equal(got[fin], want[fin])
+    assert torch.equal(torch.signbit(got[fin]), torch.signbit(want[fin]))
+    if HAS_GPU:
+        assert torch.isnan(got[~fin]).all()

@@ -50,13 +50,15 @@ def _round_e4m3(x):
     # x (fp32, |x| <= 448) -> nearest e4m3fn value, ties to even, as fp32. Normals: clear the
     # low 20 of fp32's 23 mantissa bits with round-to-nearest-even on the bit pattern (a carry
     # into the exponent is the correct rounding); subnormals: round to a multiple of 2^-9.
-    # The sign is kept, also when a negative value rounds to zero (-0.0, as the hardware).
+    # The sign is kept, also when a negative value rounds to zero (-0.0, as the hardware). It is
+    # copied as a bit: Triton 3.6 lowers a float `-y` as `0 - y`, which turns -0.0 into +0.0.
     bits = x.to(tl.int32, bitcast=True)
     lsb = (bits >> 20) & 1
     normal = ((bits + 0x7FFFF + lsb) & -0x100000).to(tl.float32, bitcast=True)
     a = tl.abs(x)
     sub = ((a / E4M3_SUBNORMAL_STEP + RNE_MAGIC) - RNE_MAGIC) * E4M3_SUBNORMAL_STEP
-    sub = tl.where(bits < 0, -sub, sub)
+    sign = (bits >> 31) << 31  # the sign bit alone
+    sub = (sub.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
     return tl.where(a < E4M3_MIN_NORMAL, sub, normal)
 
 
