@@ -322,33 +322,102 @@ def test_prefill_matches_vllm_torch_reference():
 # --- e4m3 decode over every code -------------------------------------------------------------
 
 
-@pytest.mark.parametrize("native", [True, False], ids=["native", "integer"])
-def test_all_e4m3_codes(native):
+# Every combination the API accepts: q kind x e4m3 decode x fp8 MMA. float32 q always takes the
+# integer decode (native is refused for it), and fp8 MMA needs e4m3 q and the native decode.
+_CODE_Q = ["fp32", "fp16", "e4m3", "e4m3_bytes"] + (["bf16"] if HAS_GPU else [])
+_CODE_COMBOS = [
+    pytest.param(kind, native, mma, id=f"{kind}-{'native' if native else 'integer'}-mma_{mma}")
+    for kind in _CODE_Q
+    for native in (True, False)
+    for mma in (None, False, True)
+    if not (kind == "fp32" and native) and not (mma and not (kind.startswith("e4m3") and native))
+]
+
+
+def _code_q(kind: str, H: int) -> torch.Tensor:
+    """q [256, H, D]: row (sign, d) is +-1 in dim d of head 0, zero elsewhere, of `kind`."""
+    q = torch.zeros(256, H, D, device=DEVICE)
+    d = torch.arange(128, device=DEVICE)
+    q[d, 0, d] = 1.0
+    q[128 + d, 0, d] = -1.0
+    if kind.startswith("e4m3"):
+        q8 = q.to(torch.float8_e4m3fn)  # +-1 and 0 are exact in e4m3
+        return q8.view(torch.uint8) if kind == "e4m3_bytes" else q8
+    return q.to({"fp16": torch.float16, "fp32": torch.float32, "bf16": torch.bfloat16}[kind])
+
+
+@pytest.mark.parametrize("kind, native, mma", _CODE_COMBOS)
+def test_all_e4m3_codes(kind, native, mma):
     """K row 0 holds codes 0..127 and row 1 codes 128..255; query row (d, sign) reads
-    ReLU(+-k[:, d]) through one head, so each code's value comes back exactly.
+    ReLU(+-k[:, d]) through one head, so each code's value comes back exactly, for every q kind,
+    decode and MMA operand type the API accepts (a wrong decode returned zeros on sm90 before).
 
     NaN codes 0x7F/0xFF: the integer decode reads them as +-480 (the fp16 pattern they map to);
     the native decode gives NaN (not checked: what ReLU makes of a NaN is the target's max)."""
     codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(2, 128).to(DEVICE)
     sc = torch.ones(2, device=DEVICE)
     H = 16
-    q = torch.zeros(256, H, D, device=DEVICE)
-    d = torch.arange(128, device=DEVICE)
-    q[d, 0, d] = 1.0
-    q[128 + d, 0, d] = -1.0
+    q = _code_q(kind, H)
     w = torch.zeros(256, H, device=DEVICE)
     w[:, 0] = 1.0
     ks = torch.zeros(256, dtype=torch.int32, device=DEVICE)
     ke = torch.full((256,), 2, dtype=torch.int32, device=DEVICE)
-    cfg = IndexerConfig(rows=8, block_n=16, chunk=16, num_warps=4, num_stages=1, fp8_native=native)
-    out = mqa_logits(q, codes, sc, w, ks, ke, 2, config=cfg)  # [256, 2]: (d, sign) x code row
+    cfg = IndexerConfig(
+        rows=8, block_n=16, chunk=16, num_warps=4, num_stages=1, fp8_native=native, fp8_mma=mma
+    )
+    out = torch.full((256, 2), POISON, device=DEVICE)
+    mqa_logits(q, codes, sc, w, ks, ke, 2, out=out, config=cfg)  # (d, sign) x code row
     val = codes.view(torch.float8_e4m3fn).float()  # [2, 128] true values (NaN at 0x7F, 0xFF)
     if not native:
         val[0, 127], val[1, 127] = 480.0, -480.0
     want = torch.cat([val.T.relu(), (-val.T).relu()])  # [256, 2]
     ok = torch.isfinite(want)
     assert ok.sum() == (512 if not native else 508)
+    assert (out != POISON).all()
     assert torch.equal(out[ok], want[ok]), (out[ok] - want[ok]).abs().max()
+    # and through the paged decode kernel, the same codes in one block of the indexer layout
+    cache = make_cache(1)
+    slots = torch.arange(2, device=DEVICE)
+    write_indexer_cache(cache, slots, codes.view(torch.float8_e4m3fn), sc)
+    qp = q.view(256, 1, H, D)
+    lens = torch.full((256,), 2, dtype=torch.int32, device=DEVICE)
+    table = torch.zeros(256, 1, dtype=torch.int32, device=DEVICE)
+    pcfg = IndexerConfig(
+        rows=1, block_n=16, chunk=16, num_warps=4, num_stages=1, fp8_native=native, fp8_mma=mma
+    )
+    pout = torch.full((256, 2), POISON, device=DEVICE)
+    paged_mqa_logits(qp, cache, w, lens, table, 2, out=pout, config=pcfg)
+    assert torch.equal(pout[ok], want[ok]), (pout[ok] - want[ok]).abs().max()
+
+
+@pytest.mark.parametrize(
+    "kind, cfg, match",
+    [
+        ("fp32", dict(fp8_native=True), "not offered for float32 q"),
+        ("fp16", dict(fp8_mma=True), "fp8_mma=True needs e4m3 q"),
+        ("fp32", dict(fp8_mma=True), "fp8_mma=True needs e4m3 q"),
+        ("e4m3", dict(fp8_native=False, fp8_mma=True), "fp8_mma=True needs e4m3 q"),
+    ],
+)
+def test_decode_config_refused_before_launch(kind, cfg, match):
+    """A decode or MMA choice the call cannot honour is refused with a named error."""
+    gen = torch.Generator().manual_seed(0)
+    args = list(prefill_case("e4m3"))
+    args[0] = make_q(tuple(args[0].shape), kind, gen)
+    with pytest.raises(ValueError, match=match):
+        mqa_logits(*args, config=IndexerConfig(1, 64, 128, 4, 2, **cfg))
+
+
+def test_native_decode_refused_without_hardware_e4m3(monkeypatch):
+    """fp8_native=True on a target without hardware e4m3 (sm80/86, AMD) is refused, not compiled."""
+    from triton_mla_sparse.ops.indexer import interface
+    from triton_mla_sparse.ops.sparse_mla.heuristics import Arch
+
+    sm80 = Arch("cuda", 80, num_sms=108)
+    monkeypatch.setattr(interface, "arch_of", lambda _device: sm80)
+    args = list(prefill_case("e4m3"))
+    with pytest.raises(ValueError, match="fp8_native=True needs hardware e4m3"):
+        mqa_logits(*args, config=IndexerConfig(1, 64, 128, 4, 2, fp8_native=True))
 
 
 # --- validation --------------------------------------------------------------------------------

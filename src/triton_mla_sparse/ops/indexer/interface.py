@@ -7,11 +7,10 @@ No GPU work at import; no host synchronisation and no data-dependent allocation 
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from ...kv_format import INDEXER_BLOCK_SIZE, INDEXER_HEAD_DIM, INDEXER_ROW_BYTES
+from ..host import check_runs_here
 from ..host import describe as _shape
 from .heuristics import (
     MAX_HEADS,
@@ -59,11 +58,9 @@ def _check_q(q: object, ndim: int, layout: str) -> torch.Tensor:
     H = q.shape[-2]
     if not 1 <= H <= MAX_HEADS:
         raise ValueError(f"q must have 1 to {MAX_HEADS} heads, got {_shape(q)}")
-    if q.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError(
-            f"q is on the CPU ({_shape(q)}): the kernels run on CUDA/ROCm tensors (CPU tensors "
-            "only under TRITON_INTERPRET=1); use triton_mla_sparse.reference on CPU"
-        )
+    check_runs_here(
+        f"the indexer (q {_shape(q)})", q.device, "use triton_mla_sparse.reference on CPU"
+    )
     return q
 
 
@@ -124,8 +121,31 @@ def _check_config(cfg: IndexerConfig, H: int) -> None:
 
 
 def _flags(q: torch.Tensor, cfg: IndexerConfig) -> tuple[bool, bool]:
+    """(native e4m3 decode, e4m3 x e4m3 dots) for this call; a config that asks for what the
+    target or q cannot do is refused before launch, never silently changed."""
     arch = arch_of(q.device)
-    native = arch.fp8_native if cfg.fp8_native is None else cfg.fp8_native
+    if cfg.fp8_native and not arch.fp8_native:
+        raise ValueError(
+            f"config.fp8_native=True needs hardware e4m3 conversion (CUDA sm89+); {arch.backend} "
+            f"{arch.cc} decodes e4m3 with integer arithmetic (leave fp8_native None or False)"
+        )
+    if q.dtype == torch.float32 and cfg.fp8_native:
+        raise ValueError(
+            f"config.fp8_native=True is not offered for float32 q ({_shape(q)}): float32 q reads "
+            "e4m3 K through the exact integer decode (leave fp8_native None or False)"
+        )
+    # float32 q: the integer decode, on every target. Native e4m3 -> float32 as the operand of
+    # the float32 dot returned zeros on sm90 under Triton 3.6 (tools/fp8_convert_probe.py), and
+    # float32 q is the exact path, not the fast one.
+    native = False if q.dtype == torch.float32 else arch.fp8_native
+    if cfg.fp8_native is not None:
+        native = cfg.fp8_native
+    q_fp8 = q.dtype in _E4M3_DTYPES
+    if cfg.fp8_mma and not (q_fp8 and native):
+        raise ValueError(
+            "config.fp8_mma=True needs e4m3 q and the native e4m3 decode, got "
+            f"q {_shape(q)} with fp8_native={native} (leave fp8_mma None or False)"
+        )
     return native, cfg.fp8_mma is not False
 
 
