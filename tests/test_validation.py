@@ -365,3 +365,21 @@ def test_import_touches_no_gpu_and_no_kernels():
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
     )
     assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr[-2000:]
+
+
+def test_interpreter_refused_by_name_where_it_cannot_run(monkeypatch):
+    """Triton < 3.7's interpreter with NumPy >= 2.5 fails inside the kernel with a NumPy error;
+    the call refuses first and says which packages to change."""
+    from triton_mla_sparse.ops import host
+
+    versions = {"triton": "3.6.0", "numpy": "2.5.2"}
+    monkeypatch.setattr(host.metadata, "version", lambda dist: versions[dist])
+    msg = host.interpreter_problem()
+    assert msg and "Triton 3.6.0" in msg and "NumPy 2.5.2" in msg and "numpy<2.5" in msg
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(RuntimeError, match="interpreter cannot run under NumPy 2.5.2"):
+        host.check_runs_here("sparse_mla", torch.device("cpu"), "")
+    host.check_runs_here("sparse_mla", torch.device("meta"), "")  # not a CPU call: no check
+    for ok in ({"triton": "3.7.0", "numpy": "2.5.2"}, {"triton": "3.6.0", "numpy": "2.4.6"}):
+        versions.update(ok)
+        assert host.interpreter_problem() is None

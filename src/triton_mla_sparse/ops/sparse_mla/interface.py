@@ -5,22 +5,17 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-import os
 
 import torch
 
 from ...kv_format import DS_MLA_LATENT, DS_MLA_ROPE, DS_MLA_ROW_BYTES, KV_FORMATS
+from ..host import check_runs_here, interpreter_on
 from ..host import describe as _shape
 from ..host import is_pow2 as _is_pow2
 from .heuristics import KernelConfig, arch_of
 from .plan import LaunchPlan, check_config, make_plan
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-
-
-def _interpreted() -> bool:
-    """Triton's CPU interpreter is on (it is chosen when the kernels module is imported)."""
-    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def _real_number(name: str, x: object) -> float:
@@ -181,7 +176,7 @@ def _checked(
     device, dtype = q_lat.device, q_lat.dtype
     if dtype not in _FLOAT_DTYPES:
         raise TypeError(f"q must be fp16, bf16 or fp32, got {q_desc}")
-    if dtype == torch.bfloat16 and _interpreted():
+    if dtype == torch.bfloat16 and interpreter_on():
         raise TypeError(
             f"bf16 q under TRITON_INTERPRET=1 (got {q_desc}): Triton's CPU interpreter computes "
             "bf16 wrongly (errors of 1e9 seen), so it is refused there; use fp16 or fp32 on CPU"
@@ -275,11 +270,7 @@ def _checked(
         raise TypeError(f"config must be a KernelConfig or None, got {type(config).__name__}")
     if config is not None:
         check_config(config, fmt, has_bt)  # also for T == 0, where no plan is made
-    if device.type == "cpu" and not _interpreted():
-        raise ValueError(
-            "sparse_mla runs on CUDA/ROCm tensors (CPU tensors only under TRITON_INTERPRET=1); "
-            "use triton_mla_sparse.reference.sparse_mla_reference on CPU"
-        )
+    check_runs_here("sparse_mla", device, "use triton_mla_sparse.reference.sparse_mla_reference")
 
     plan = None
     if T > 0:
