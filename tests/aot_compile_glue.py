@@ -1,5 +1,5 @@
 """Ahead-of-time compile worker for the index-q kernel and vLLM's own DSA Triton kernels (run as a
-script by tests/test_compile_index_q.py and tests/vllm/test_vllm_indexer_compile.py).
+script by tests/test_compile_index_q.py and tests/plugin/test_vllm_indexer_compile.py).
 
 Same mechanism as tests/aot_compile.py (whose recorder, specialisation and targets it reuses):
 each launcher runs on small CPU tensors with its kernel swapped for a recorder, and the recorded

@@ -79,19 +79,19 @@ def test_reference_valid_on_any_cache(fmt, with_table):
     t, h, n, w, page = 4, 3, 288, 40, 16
     q = randn(t, h, D, g=g, dtype=torch.float32)
     clean, fkw = make_cache(randn(n, D, g=g), fmt, torch.float32)
-    idx = rand_indices(t, w, n if not with_table else 8 * page, g).cpu()
+    idx = rand_indices(t, w, n if not with_table else 8 * page, g)
     idx[0, :5] = -1
     idx[1, 3] = n + 11
     idx[2, -4:] = I32_MAX
-    counts = torch.tensor([w, w - 6, w, 0], dtype=torch.int32)
+    counts = torch.tensor([w, w - 6, w, 0], dtype=torch.int32, device=DEVICE)
     kw: dict = {"valid_counts": counts}
     if with_table:
         # block 0 unmapped: row 0, where the gather of invalid entries points, is NaN
         table = (torch.randperm(n // page - 1, generator=g)[:16] + 1).view(2, 8).to(torch.int32)
         table[0, 2] = -1
         table[1, 5] = n // page + 4
-        kw.update(block_table=table, req_ids=torch.tensor([0, 1, 1, 0], dtype=torch.int32))
-        kw["block_size"] = page
+        req_ids = torch.tensor([0, 1, 1, 0], dtype=torch.int32, device=DEVICE)
+        kw.update(block_table=table.to(DEVICE), req_ids=req_ids, block_size=page)
     want_o, want_l = sparse_mla_reference(q, clean, idx, return_lse=True, **fkw, **kw)
     dirty = clean.clone()
     poisoned = poison_unused_rows_(dirty, idx, **kw)

@@ -3,7 +3,7 @@
 FlashMLA runs on SM90/SM100 only; here its ops are replaced by ``flashmla_fake`` (its C++ argument
 checks, its semantics in float32), so what is tested is what the glue hands it: head padding,
 index layouts, cache views, un-padding, and that bench checks a peer before timing it.
-tests/vllm/test_flashmla_vllm.py compares the same layouts with vLLM's own helpers.
+tests/plugin/test_flashmla_vllm.py compares the same layouts with vLLM's own helpers.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from . import indexer as _inst
 # The index query handed to the indexer on SM80/86. False: bf16 (the model dtype), unquantised;
 # the weights carry softmax_scale * H^-0.5 only. True would round it to SM90's e4m3 grid (scale
 # folded into the weights). bf16 is chosen: it is closer to the exact indexer (the measured
-# comparison is in tests/vllm/test_vllm_indexer.py::test_index_q_precision_choice and
+# comparison is in tests/plugin/test_vllm_indexer.py::test_index_q_precision_choice and
 # docs/VLLM.md), needs no quantisation pass, and the K side stays e4m3 as on SM90 (same cache).
 INDEX_Q_EMULATE_FP8 = False
 # Index-K quantisation: one power-of-two (ue8m0) scale per 128 values, as the fused writer.

@@ -16,7 +16,7 @@ import torch
 HAS_GPU = torch.cuda.is_available()
 if not HAS_GPU:
     if "vllm" in sys.modules:  # too late to steer vLLM's import-time choices
-        raise RuntimeError("tests/vllm/conftest.py must run before vllm is imported")
+        raise RuntimeError("tests/plugin/conftest.py must run before vllm is imported")
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     os.environ.setdefault("TRITON_INTERPRET", "1")

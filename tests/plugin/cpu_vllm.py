@@ -2,7 +2,7 @@
 
 Shared by tests that build vLLM's own metadata builders and run its forward paths on CPU
 (test_vllm_forward.py, test_vllm_indexer_e2e.py). vLLM must already be importable on CPU
-(tests/vllm/conftest.py sets the environment first).
+(tests/plugin/conftest.py sets the environment first).
 """
 
 from __future__ import annotations
