@@ -1,0 +1,326 @@
+"""The project's GPU check: the test suite, ``verify`` and the reliability procedure on a GPU.
+
+CI runs on CPU only (Triton's interpreter), so this is what guards the kernels on real hardware.
+From the repository root of a checkout, on a machine with a CUDA GPU, PyTorch and Triton (the
+package need not be installed: the checkout's ``src/`` is used)::
+
+    python tools/gpu_check.py quick --out DIR            # a few minutes: must end with 0 failed
+    python tools/gpu_check.py full --list                 # the parts of the full procedure
+    python tools/gpu_check.py full --part K --out DIR     # one part (each fits in 10 minutes)
+    python tools/gpu_check.py full --out DIR              # quick, then every part in turn
+    python tools/gpu_check.py quick --triton /path/to/site --out DIR   # under another Triton
+
+``quick``: the whole pytest suite (bf16 included; tests/plugin runs where vLLM is importable and
+is skipped otherwise), ``triton-mla-sparse verify``, and the ahead-of-time compile test for this
+GPU's own target. ``full`` adds, one part each: compute-sanitizer (memcheck, initcheck,
+racecheck) over every configuration the heuristics choose, CUDA-graph replay with new inputs, and
+the sm80/86/89 code paths compiled for their target and run here by PTX JIT
+(benchmarks/reliability/reliability.py; docs/RELIABILITY.md says what each checks).
+
+``--triton PATH``: a folder that holds another Triton's ``triton/`` package (an unpacked wheel,
+e.g. vLLM's pin), put first on the children's ``PYTHONPATH`` with its own compile cache.
+
+Each step's log is written to ``DIR/<step>.log``, a JSON summary to ``DIR/summary.json``, and a
+table is printed last. Exit status: 0 only if every step passed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RELIABILITY = ROOT / "benchmarks" / "reliability" / "reliability.py"
+STEP_LIMIT_S = 570  # every step, and so every part, ends inside a 10-minute window
+
+# The full procedure's slices: (tool, cases per part) over the sanitize suite's cases in coverage
+# order (1043 on sm90). Sized from measured rates on an H200 with 16 cores: compiles ~200 s on a
+# fresh cache; memcheck ~2 cases/s, initcheck ~2.3/s, racecheck ~0.65/s on 16 shards.
+SANITIZE_SLICES = {"memcheck": 522, "initcheck": 522, "racecheck": 261}
+SANITIZE_CASES = 1043
+EMULATE_SLICE = 350
+EMULATE_CASES = {80: 694, 86: 380, 89: 380}
+
+
+@dataclasses.dataclass
+class Step:
+    name: str
+    cmd: list[str]
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
+    limit_s: int = STEP_LIMIT_S
+
+
+@dataclasses.dataclass
+class Result:
+    name: str
+    rc: int
+    seconds: float
+    counts: str
+    log: str
+
+    @property
+    def ok(self) -> bool:
+        return self.rc == 0
+
+
+def _parts() -> list[tuple[str, str, int]]:
+    """(part name, suite or tool, slice index) for every part of ``full``."""
+    parts = []
+    for tool, per in SANITIZE_SLICES.items():
+        for k in range(-(-SANITIZE_CASES // per)):
+            parts.append((f"{tool}-{k}", tool, k))
+    parts.append(("graph", "graph", 0))
+    for cc, n in EMULATE_CASES.items():
+        for k in range(-(-n // EMULATE_SLICE)):
+            parts.append((f"emulate{cc}-{k}", f"emulate{cc}", k))
+    return parts
+
+
+def _base_env(args: argparse.Namespace) -> dict[str, str]:
+    env = dict(os.environ)
+    paths = [str(ROOT / "src")]
+    if args.triton:
+        paths.insert(0, str(Path(args.triton).resolve()))
+        env["TRITON_BACKENDS_IN_TREE"] = "1"
+        env.setdefault("TRITON_CACHE_DIR", "/tmp/triton-cache-" + Path(args.triton).name)
+    env["PYTHONPATH"] = os.pathsep.join(paths + [p for p in [env.get("PYTHONPATH")] if p])
+    env["PYTHONUNBUFFERED"] = "1"
+    env.pop("TRITON_INTERPRET", None)
+    return env
+
+
+def _has_module(name: str, env: dict[str, str]) -> bool:
+    probe = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({name!r}) is None)"
+    return subprocess.run([sys.executable, "-c", probe], env=env).returncode == 0
+
+
+def _gpu_target(env: dict[str, str]) -> str:
+    probe = (
+        "import torch; p = torch.cuda.get_device_properties(0); "
+        "print(f'cuda:{p.major}{p.minor}' if torch.version.hip is None else 'hip:' + "
+        "p.gcnArchName.split(':')[0])"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit("no GPU visible to PyTorch: the GPU check needs one\n" + out.stderr)
+    return out.stdout.strip()
+
+
+def quick_steps(args: argparse.Namespace, env: dict[str, str]) -> list[Step]:
+    pytest = [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider"]
+    jobs = ["-n", str(args.jobs)] if args.jobs > 1 and _has_module("xdist", env) else []
+    target = _gpu_target(env)
+    return [
+        Step(
+            "pytest",
+            pytest
+            + jobs
+            + ["tests", "--ignore=tests/test_compile.py"]
+            + ["--junitxml", str(Path(args.out) / "pytest.xml")],
+        ),
+        Step("verify", [sys.executable, "-m", "triton_mla_sparse.cli.main", "verify"]),
+        # the ahead-of-time compile test for this GPU's own target (its fixture spreads the
+        # compiles over processes itself)
+        Step("compile", pytest + ["tests/test_compile.py", "-k", target]),
+    ]
+
+
+def part_steps(part: str, args: argparse.Namespace) -> list[Step]:
+    names = {name: (suite, k) for name, suite, k in _parts()}
+    if part not in names:
+        raise SystemExit(f"unknown part {part!r}; `full --list` lists them")
+    suite, k = names[part]
+    out = Path(args.out)
+    rel = [sys.executable, str(RELIABILITY)]
+    if suite in SANITIZE_SLICES:
+        per = SANITIZE_SLICES[suite]
+        return sanitize_steps(suite, k * per, per, out / part, args)
+    if suite == "graph":
+        return [
+            Step(part, rel + ["--suite", "graph", "--jobs", "8", "--log", str(out / "graph.json")])
+        ]
+    cc = int(suite.removeprefix("emulate"))
+    cmd = rel + ["--suite", "emulate", "--arch", str(cc), "--jobs", str(args.jobs)]
+    cmd += ["--skip-cases", str(k * EMULATE_SLICE), "--max-cases", str(EMULATE_SLICE)]
+    return [Step(part, cmd + ["--log", str(out / f"{part}.json")])]
+
+
+def _sanitizer() -> str:
+    found = os.environ.get("COMPUTE_SANITIZER") or shutil.which("compute-sanitizer")
+    if not found:
+        cands = sorted(Path("/usr/local").glob("cuda*/bin/compute-sanitizer"))
+        found = str(cands[-1]) if cands else None
+    if not found:
+        raise SystemExit("compute-sanitizer not found: set COMPUTE_SANITIZER=/path/to/it")
+    return found
+
+
+def sanitize_steps(tool: str, skip: int, count: int, out: Path, args: argparse.Namespace):
+    """Compile the slice's variants without the sanitizer (so the sanitized runs only load them),
+    then run it under ``tool`` in parallel shards; one Step for the compile, one for the shards."""
+    out.mkdir(parents=True, exist_ok=True)
+    sel = ["--suite", "sanitize", "--skip-cases", str(skip), "--max-cases", str(count)]
+    rel = [sys.executable, str(RELIABILITY)]
+    compile_step = Step(
+        f"{tool}-compile",
+        rel
+        + sel
+        + ["--compile-only", "--jobs", str(args.jobs), "--log", str(out / "compile.json")],
+        env={"TRITON_CACHE_DIR": "/tmp/triton-reliability-cache"},
+    )
+    flags = {
+        "memcheck": ["--tool", "memcheck", "--leak-check", "no"],
+        "racecheck": ["--tool", "racecheck", "--racecheck-report", "all"],
+        # initcheck must also see PyTorch's fills and copies initialise what the kernels read
+        "initcheck": ["--tool", "initcheck"],
+    }[tool]
+    if tool != "initcheck":
+        flags += ["--kernel-name", "kns=sparse_mla"]  # instrument the project's kernels only
+    shards = args.jobs
+    script = []
+    for s in range(shards):
+        cmd = [_sanitizer(), *flags, "--error-exitcode", "9", "--print-limit", "50"]
+        cmd += ["--log-file", str(out / f"{tool}-{s}.sanitizer.txt")]
+        cmd += rel + sel + ["--shard", f"{s}/{shards}", "--log", str(out / f"{tool}-{s}.json")]
+        script.append(
+            " ".join(map(_quote, cmd)) + f" > {_quote(str(out / f'{tool}-{s}.txt'))} 2>&1 &"
+        )
+    merge = rel + ["--merge"] + [str(out / f"{tool}-{s}.json") for s in range(shards)]
+    body = "\n".join(
+        ["rc=0", *script, "for p in $(jobs -p); do wait $p || rc=1; done"]
+        + [f"grep -h 'SUMMARY' {_quote(str(out))}/*.sanitizer.txt | sort | uniq -c"]
+        + [" ".join(map(_quote, merge)) + " || rc=1", "exit $rc"]
+    )
+    shard_step = Step(
+        tool,
+        ["bash", "-c", body],
+        env={"TRITON_CACHE_DIR": "/tmp/triton-reliability-cache"},
+    )
+    return [compile_step, shard_step]
+
+
+def _quote(s: str) -> str:
+    return s if re.fullmatch(r"[\w@%+=:,./-]+", s) else "'" + s.replace("'", "'\\''") + "'"
+
+
+_PYTEST_COUNTS = re.compile(r"(\d+ (?:passed|failed|skipped|errors?|xfailed|xpassed|deselected))")
+
+
+def _counts(log: str) -> str:
+    """The last pytest summary (passed/failed/...) or reliability RESULT line of a log."""
+    lines = log.splitlines()
+    for line in reversed(lines):
+        found = _PYTEST_COUNTS.findall(line)
+        if found and (" in " in line or line.startswith("=")):
+            return ", ".join(found)
+        if line.startswith("RESULT"):
+            return line.removeprefix("RESULT:").strip()[:60]
+    return lines[-1][:60] if lines else ""
+
+
+def run_step(step: Step, base_env: dict[str, str], out: Path) -> Result:
+    log_path = out / f"{step.name}.log"
+    env = {**base_env, **step.env}
+    t0 = time.perf_counter()
+    print(f"== {step.name}: {' '.join(step.cmd)}", flush=True)
+    with open(log_path, "w") as log:
+        try:
+            rc = subprocess.run(
+                step.cmd,
+                cwd=ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                timeout=step.limit_s,
+            ).returncode
+        except subprocess.TimeoutExpired:
+            rc = 124
+            log.write(f"\n[gpu_check] stopped after {step.limit_s} s\n")
+    text = log_path.read_text(errors="replace")
+    r = Result(step.name, rc, time.perf_counter() - t0, _counts(text), str(log_path))
+    print(f"   rc={r.rc} {r.seconds:.0f}s {r.counts}", flush=True)
+    if not r.ok:  # the failures, so that the printed output alone says what broke
+        for line in [ln for ln in text.splitlines() if ln.startswith(("FAILED", "ERROR"))][:30]:
+            print("   " + line[:200], flush=True)
+    return r
+
+
+def environment(env: dict[str, str]) -> dict:
+    probe = (
+        "import json, torch, triton; p = torch.cuda.get_device_properties(0); "
+        "print(json.dumps(dict(gpu=p.name, capability=f'{p.major}.{p.minor}', "
+        "torch=torch.__version__, triton=triton.__version__, triton_path=triton.__file__, "
+        "cuda=torch.version.cuda or torch.version.hip)))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
+    info = json.loads(out.stdout) if out.returncode == 0 else {"error": out.stderr[-500:]}
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        q = "--query-gpu=driver_version,clocks.sm,clocks.mem"
+        info["nvidia-smi"] = subprocess.run(
+            [smi, q, "--format=csv,noheader"], capture_output=True, text=True
+        ).stdout.strip()
+    return info
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("mode", choices=("quick", "full"))
+    p.add_argument("--out", default=None, help="directory for the logs (required unless --list)")
+    p.add_argument("--part", default=None, help="full: run one part (see --list)")
+    p.add_argument("--list", action="store_true", help="full: list the parts and exit")
+    p.add_argument("--triton", default=None, help="folder holding another Triton's triton/")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=max(1, min(16, (os.cpu_count() or 2) - 2)),
+        help="parallel test processes and sanitizer shards",
+    )
+    args = p.parse_args(argv)
+    if args.list:
+        for name, _, _ in _parts():
+            print(name)
+        return 0
+    if not args.out:
+        p.error("--out DIR is required")
+    if args.part and args.mode != "full":
+        p.error("--part belongs to full")
+    if args.triton and not (Path(args.triton) / "triton" / "__init__.py").is_file():
+        p.error(f"--triton {args.triton}: no triton/__init__.py there")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    env = _base_env(args)
+    info = environment(env)
+    print("environment:", json.dumps(info), flush=True)
+    steps: list[Step] = []
+    if args.mode == "quick" or not args.part:
+        steps += quick_steps(args, env)
+    if args.mode == "full":
+        for name in [args.part] if args.part else [n for n, _, _ in _parts()]:
+            steps += part_steps(name, args)
+    results = [run_step(s, env, out) for s in steps]
+    summary = {"mode": args.mode, "part": args.part, "environment": info}
+    summary["steps"] = [dataclasses.asdict(r) for r in results]
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    print(
+        f"\nGPU check ({args.mode}{' part ' + args.part if args.part else ''}): "
+        f"{info.get('gpu')}, torch {info.get('torch')}, triton {info.get('triton')}"
+    )
+    print(f"{'step':<20s} {'status':<6s} {'s':>5s}  counts")
+    for r in results:
+        print(f"{r.name:<20s} {'ok' if r.ok else f'rc={r.rc}':<6s} {r.seconds:5.0f}  {r.counts}")
+    bad = [r.name for r in results if not r.ok]
+    print("RESULT:", "PASS" if not bad else "FAIL: " + ", ".join(bad))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
