@@ -230,7 +230,7 @@ def _source(fn, args, kwargs):
 
 def _dump_asm(job: dict, compiled, nth: int) -> None:
     """With TMS_ASM_DIR set, write the kernel's PTX (or AMDGCN) as DIR/<job key>.<nth>.<ext>
-    (nth: the launcher's 1st, 2nd... kernel), for benchmarks/asm_equivalence.py."""
+    (nth: the launcher's 1st, 2nd... kernel), for benchmarks/codegen/asm_equivalence.py."""
     out = os.environ.get("TMS_ASM_DIR")
     if not out:
         return

@@ -245,7 +245,7 @@ def _smoke_module():
     import importlib.util
     import pathlib
 
-    path = pathlib.Path(__file__).parents[1] / "benchmarks" / "flashmla_smoke.py"
+    path = pathlib.Path(__file__).parents[1] / "benchmarks" / "perf" / "flashmla_smoke.py"
     spec = importlib.util.spec_from_file_location("flashmla_smoke", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

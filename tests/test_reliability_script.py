@@ -1,4 +1,4 @@
-"""benchmarks/reliability.py and benchmarks/ptx_jit.py stay alive on CPU (the GPU runs are in
+"""benchmarks/reliability/reliability.py and benchmarks/reliability/ptx_jit.py stay alive on CPU (the GPU runs are in
 docs/RELIABILITY.md).
 
 The script runs in subprocesses (``--smoke``: Triton's interpreter, tiny fp16/fp32 cases), once as
@@ -19,7 +19,7 @@ import pytest
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BENCH = os.path.join(ROOT, "benchmarks")
+BENCH = os.path.join(ROOT, "benchmarks", "reliability")
 SCRIPT = os.path.join(BENCH, "reliability.py")
 
 

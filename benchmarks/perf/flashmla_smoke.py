@@ -7,7 +7,7 @@ float32 reference (the bench's tolerance), then checks a CUDA-graph capture and 
 then times it as the bench does. A case that raises prints its exception and the run goes on
 (after an illegal memory access the CUDA context is lost: rerun with --only to isolate one).
 
-    PYTHONPATH=src:.fmla python benchmarks/flashmla_smoke.py [--out DIR] [--only NAME ...]
+    PYTHONPATH=src:.fmla python benchmarks/perf/flashmla_smoke.py [--out DIR] [--only NAME ...]
 
 ``.fmla`` holds vLLM 0.33's ``vllm/__init__.py`` (empty), ``vllm/_flashmla_C.abi3.so`` and
 ``vllm/third_party/flashmla/flash_mla_interface.py``. Exit status: 0 all passed, 1 a case

@@ -6,9 +6,9 @@ correctness, timings) carries over. That is what this checks, without a GPU, thr
 ahead-of-time path as tests/test_compile.py (tests/aot_compile.py records the real launcher's
 calls and compiles them with ``triton.compile``).
 
-    python benchmarks/asm_equivalence.py jobs JOBS.json [--full cuda:90,cuda:80]
-    python benchmarks/asm_equivalence.py dump JOBS.json DIR --tree PATH [--workers 2] [--triton DIR]
-    python benchmarks/asm_equivalence.py diff DIR_A DIR_B
+    python benchmarks/codegen/asm_equivalence.py jobs JOBS.json [--full cuda:90,cuda:80]
+    python benchmarks/codegen/asm_equivalence.py dump JOBS.json DIR --tree PATH [--workers 2] [--triton DIR]
+    python benchmarks/codegen/asm_equivalence.py diff DIR_A DIR_B
 
 ``jobs``: the compile test's default job set, plus every configuration the heuristics choose
 for the ``--full`` targets (rope 64, serving flags). ``dump``: compile it with the source tree at
@@ -31,7 +31,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def cmd_jobs(args: argparse.Namespace) -> None:

@@ -1,6 +1,6 @@
 """Sweep launch configurations for key shapes on the GPU: check each against the reference, time it.
 
-    python benchmarks/tune.py --out tune.json [--only decode-bf16,...]
+    python benchmarks/perf/tune.py --out tune.json [--only decode-bf16,...]
 
 Evidence for the choices in ops/sparse_mla/heuristics.py (see docs/PERFORMANCE.md).
 """

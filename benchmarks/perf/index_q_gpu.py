@@ -6,7 +6,7 @@ emulation against torch's e4m3 conversion, bit for bit, in fp32. Then timings fr
 replays at DeepSeek-V3.2 (16 query heads per GPU at TP8, 64 index heads) and GLM-5 (8 / 32)
 shapes, with the bytes moved and the ratio to the card's measured copy bandwidth. A table last.
 
-Usage (GPU host, repository root): ``PYTHONPATH=src python benchmarks/index_q_gpu.py --out $OUT``
+Usage (GPU host, repository root): ``PYTHONPATH=src python benchmarks/perf/index_q_gpu.py --out $OUT``
 Writes ``$OUT/index_q_gpu.json`` and prints the table; exit status 1 if a check fails.
 """
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The sanitize suite of benchmarks/reliability.py under one compute-sanitizer tool, in parallel
+# The sanitize suite of benchmarks/reliability/reliability.py under one compute-sanitizer tool, in parallel
 # shards (docs/RELIABILITY.md). From the repository root on the GPU machine:
 #
-#   bash benchmarks/reliability_sanitize.sh memcheck|racecheck|initcheck|synccheck [SHARDS] [ARGS...]
+#   bash benchmarks/reliability/sanitize.sh memcheck|racecheck|initcheck|synccheck [SHARDS] [ARGS...]
 #
 # 1. compiles every selected variant without the sanitizer (COMPILE_JOBS processes, default 16)
 #    into TRITON_CACHE_DIR (default /tmp/triton-reliability-cache), so the sanitized runs only load;
@@ -17,7 +17,7 @@ TOOL=${1:?usage: reliability_sanitize.sh memcheck|racecheck|initcheck|synccheck 
 SHARDS=${2:-8}
 shift
 [ $# -gt 0 ] && shift
-cd "$(dirname "$0")/.." || exit 2
+cd "$(dirname "$0")/../.." || exit 2
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-reliability-cache}
 PY=${PYTHON:-python}
@@ -42,7 +42,7 @@ FILTER=${SANITIZER_FILTER-$KERNELS}
 "$SAN" --version | tail -1
 t0=$(date +%s)
 echo "== compile every selected variant (no sanitizer, ${COMPILE_JOBS:-16} processes)"
-if ! "$PY" benchmarks/reliability.py --suite sanitize --compile-only --jobs "${COMPILE_JOBS:-16}" \
+if ! "$PY" benchmarks/reliability/reliability.py --suite sanitize --compile-only --jobs "${COMPILE_JOBS:-16}" \
     --log "$OUT/compile.json" "$@" > "$OUT/compile.txt" 2>&1; then
   tail -40 "$OUT/compile.txt"
   echo "compile step failed (log $OUT/compile.txt)"
@@ -57,7 +57,7 @@ for k in $(seq 0 $((SHARDS - 1))); do
   # shellcheck disable=SC2086
   "$SAN" "${FLAGS[@]}" $FILTER --error-exitcode 9 --print-limit 50 \
     --log-file "$OUT/$TOOL-$k.sanitizer.txt" \
-    "$PY" benchmarks/reliability.py --suite sanitize --shard "$k/$SHARDS" \
+    "$PY" benchmarks/reliability/reliability.py --suite sanitize --shard "$k/$SHARDS" \
     --log "$OUT/$TOOL-$k.json" "$@" > "$OUT/$TOOL-$k.txt" 2>&1 &
   pids+=($!)
 done
@@ -69,6 +69,6 @@ for k in $(seq 0 $((SHARDS - 1))); do
   summary=$(grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" "$OUT/$TOOL-$k.sanitizer.txt" 2>/dev/null | tr '\n' ' ')
   echo "shard $k: exit $r after $(( $(date +%s) - t1 ))s; ${summary:-no sanitizer summary}; $(grep -h '^RESULT' "$OUT/$TOOL-$k.txt")"
 done
-"$PY" benchmarks/reliability.py --merge "$OUT"/"$TOOL"-*.json || rc=1
+"$PY" benchmarks/reliability/reliability.py --merge "$OUT"/"$TOOL"-*.json || rc=1
 echo "$TOOL: $SHARDS shards in $(( $(date +%s) - t1 ))s (compile $(( t1 - t0 ))s); exit $rc"
 exit $rc

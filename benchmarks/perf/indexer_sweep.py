@@ -1,6 +1,6 @@
 """Launch-configuration sweep for the indexer logits (evidence for ops/indexer/heuristics.py).
 
-    PYTHONPATH=src python benchmarks/indexer_sweep.py [--wide]
+    PYTHONPATH=src python benchmarks/perf/indexer_sweep.py [--wide]
 
 Each configuration is checked against the reference (sampled rows) before it is timed; the
 heuristic's own choice is marked ``*``. Writes $OUT/indexer_sweep.json and .txt, table last.
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 
 from triton_mla_sparse import bench_indexer as bi  # noqa: E402

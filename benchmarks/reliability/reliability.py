@@ -8,12 +8,12 @@ Suites (``--suite``):
   integer e4m3 decode; NoPE; paged caches with power-of-two and other page sizes), each run once
   with the smallest shape that selects it and adversarial index content, checked against the
   reference. Meant to run under compute-sanitizer (memcheck, racecheck, initcheck; driver:
-  benchmarks/reliability_sanitize.sh) and without it.
+  benchmarks/reliability/sanitize.sh) and without it.
 - ``graph``: CUDA-graph capture and replay with q, indices, valid_counts, block table, request ids
   and the fp8 scale tensor overwritten in place between replays, each replay checked; before
   capture, the eager call under ``torch.cuda.set_sync_debug_mode("error")``.
 - ``emulate --arch 80|86|89``: the sanitize suite's cases for that target's heuristics, compiled by
-  Triton for sm_80/86/89 and JIT-compiled from PTX by the driver (benchmarks/ptx_jit.py); prints
+  Triton for sm_80/86/89 and JIT-compiled from PTX by the driver (benchmarks/reliability/ptx_jit.py); prints
   each variant's PTX ``.target`` and shared memory (checked against the target's limit).
 
 A variant is what Triton compiles: the forward kernel's constexprs and launch options (block

@@ -7,8 +7,8 @@ project's architecture lookup reports the emulated target (its tiles, its intege
 below sm89), and the Triton cache is separate. This proves the instruction streams and tiles of
 those targets on real hardware; timings here say nothing about an A100 or L40S, so none are taken.
 
-    PYTHONPATH=src python benchmarks/indexer_emulate.py            # sm80, sm86, sm89 in turn
-    PYTHONPATH=src python benchmarks/indexer_emulate.py --cc 80    # one target (a child)
+    PYTHONPATH=src python benchmarks/reliability/indexer_emulate.py            # sm80, sm86, sm89 in turn
+    PYTHONPATH=src python benchmarks/reliability/indexer_emulate.py --cc 80    # one target (a child)
 
 Writes $OUT/emulate_sm<cc>.txt; prints one line per check and the PTX targets that ran.
 """
@@ -23,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def child(cc: int) -> int:

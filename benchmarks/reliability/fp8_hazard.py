@@ -8,8 +8,8 @@ finite (the merge kernel is wrapped to keep its inputs), the heads that went bad
 against the float32 reference. ``--poison`` fills every float32 workspace the launcher allocates
 with NaN first, so a partial row the split pass fails to write shows up without any sanitizer.
 
-    PYTHONPATH=src python benchmarks/fp8_hazard.py [--poison] [--only NAME ...] [--repeat N]
-    PYTHONPATH=src compute-sanitizer --tool memcheck python benchmarks/fp8_hazard.py
+    PYTHONPATH=src python benchmarks/reliability/fp8_hazard.py [--poison] [--only NAME ...] [--repeat N]
+    PYTHONPATH=src compute-sanitizer --tool memcheck python benchmarks/reliability/fp8_hazard.py
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Where a small decode call's time goes: per-kernel device time (profiler) vs graph time per call.
 
-python benchmarks/breakdown.py
+python benchmarks/perf/breakdown.py
 """
 
 from __future__ import annotations

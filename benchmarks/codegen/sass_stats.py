@@ -2,13 +2,13 @@
 
 Evidence for where a measured gap comes from (docs/INDEXER.md, docs/PERFORMANCE.md): the
 kernels are compiled for a target exactly as the runtime would (tests/aot_compile.py, via
-``benchmarks/asm_equivalence.py dump``), assembled by Triton's own ptxas, disassembled by its
+``benchmarks/codegen/asm_equivalence.py dump``), assembled by Triton's own ptxas, disassembled by its
 cuobjdump; each loop (a backward branch and the code it jumps over) is summarised by instruction
 class. Static counts: one pass of the loop body, per warp.
 
-    python benchmarks/sass_stats.py indexer JOBS.json       # the indexer decode variants below
-    python benchmarks/asm_equivalence.py dump JOBS.json DIR
-    python benchmarks/sass_stats.py report DIR [--json OUT]
+    python benchmarks/codegen/sass_stats.py indexer JOBS.json       # the indexer decode variants below
+    python benchmarks/codegen/asm_equivalence.py dump JOBS.json DIR
+    python benchmarks/codegen/sass_stats.py report DIR [--json OUT]
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Run on the GPU host from the repository root (no vLLM needed):
 
-    PYTHONPATH=src python benchmarks/indexer_gpu.py [--full] [--skip-tests]
+    PYTHONPATH=src python benchmarks/perf/indexer_gpu.py [--full] [--skip-tests]
 
 Writes under $OUT (default /tmp/out): env.txt, pytest_indexer.txt, checks.txt, bench.txt,
 indexer_bench.json; prints the bench table last. Exit status non-zero when anything failed.
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 
 from triton_mla_sparse import bench_indexer as bi  # noqa: E402
