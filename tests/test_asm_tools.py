@@ -1,5 +1,6 @@
-"""The CPU-side code-reading tools: benchmarks/codegen/asm_equivalence.py's normalisation (what may differ
-between two builds of the same code) and benchmarks/codegen/sass_stats.py's loop finding."""
+"""The CPU-side code-reading tools: benchmarks/codegen/asm_equivalence.py's normalisation (what
+may differ between two builds of the same code) and benchmarks/codegen/sass_stats.py's loop
+finding."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""benchmarks/reliability/reliability.py and benchmarks/reliability/ptx_jit.py stay alive on CPU (the GPU runs are in
-docs/RELIABILITY.md).
+"""benchmarks/reliability/reliability.py and benchmarks/reliability/ptx_jit.py stay alive on CPU
+(the GPU runs are in docs/RELIABILITY.md).
 
 The script runs in subprocesses (``--smoke``: Triton's interpreter, tiny fp16/fp32 cases), once as
 is and once with a sparse_mla that ignores its valid_counts or mangles its block table, which
@@ -26,7 +26,6 @@ SCRIPT = os.path.join(BENCH, "reliability.py")
 def _env(interpret: bool = True) -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.path.join(ROOT, "src") + os.pathsep + env.get("PYTHONPATH", "")
-    env.pop("OUT", None)
     if interpret:
         env["TRITON_INTERPRET"] = "1"
     else:
@@ -268,3 +267,15 @@ def test_fp32_lse_tolerance_scales_with_lse(lse_ref, err, ok):
     )
     fails, _, _ = reliability.check(bf16, out, ref_lse + 2e-2, out.clone(), ref_lse, None)
     assert fails  # bf16's 1e-2 is absolute at any |LSE|
+
+
+def test_log_goes_to_out_dir_only_when_asked(tmp_path):
+    """No log by default; --out DIR names one per suite and shard; --log wins over --out."""
+    rel = _reliability()
+    assert rel._log_path(rel._parse(["--suite", "graph"])) is None
+    path = rel._log_path(rel._parse(["--suite", "emulate", "--arch", "86", "--out", str(tmp_path)]))
+    assert path == str(tmp_path / "reliability-emulate-sm86.json")
+    path = rel._log_path(rel._parse(["--out", str(tmp_path), "--shard", "1/4"]))
+    assert path == str(tmp_path / "reliability-sanitize-shard1of4.json")
+    args = rel._parse(["--out", str(tmp_path), "--log", str(tmp_path / "x.json")])
+    assert rel._log_path(args) == str(tmp_path / "x.json")
