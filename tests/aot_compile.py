@@ -35,7 +35,7 @@ from triton.backends.compiler import BaseBackend, GPUTarget  # noqa: E402
 
 try:  # Triton >= 3.5: the runtime's own specialisation
     from triton._C.libtriton import native_specialize_impl as _native  # noqa: E402
-except ImportError:  # pragma: no cover - older Triton (the GPU host runs 3.6)
+except ImportError:  # pragma: no cover - older Triton (3.6, as on the H200)
     _native = None
 
 from triton_mla_sparse.ops.sparse_mla import kernels, launch  # noqa: E402

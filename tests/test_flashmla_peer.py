@@ -274,8 +274,8 @@ def test_smoke_cases_on_cpu_with_fake(monkeypatch, name):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="FlashMLA runs on SM90/SM100")
 def test_bench_compare_flashmla_one_shape(tmp_path):
-    """On a GPU with FlashMLA importable (PYTHONPATH=src:.fmla): both formats' peer rows are
-    checked, timed and in the JSON."""
+    """On a GPU with FlashMLA importable (vLLM 0.33 installed, or its FlashMLA files on
+    PYTHONPATH: peers/flashmla.py): both formats' peer rows are checked, timed and in the JSON."""
     try:
         flashmla.load()
     except flashmla.PeerUnavailable as e:

@@ -135,7 +135,7 @@ def _reliability():
 
 @pytest.mark.parametrize("layout", ["flat", "bt", "bt48"])
 def test_adversarial_inputs(layout):
-    """The index content and poisoning each case gets, as the docs and the brief promise."""
+    """The index content and poisoning each case gets, as docs/RELIABILITY.md describes them."""
     rel = _reliability()
     arch = rel.heuristics.Arch("cuda", 90, 132)
     kind = rel.Kind("auto-fp32", torch.float32, "auto")
