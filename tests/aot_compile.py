@@ -35,7 +35,7 @@ from triton.backends.compiler import BaseBackend, GPUTarget  # noqa: E402
 
 try:  # Triton >= 3.5: the runtime's own specialisation
     from triton._C.libtriton import native_specialize_impl as _native  # noqa: E402
-except ImportError:  # pragma: no cover - older Triton (the GPU host runs 3.6)
+except ImportError:  # pragma: no cover - older Triton (3.6, as on the H200)
     _native = None
 
 from triton_mla_sparse.ops.sparse_mla import kernels, launch  # noqa: E402
@@ -230,7 +230,7 @@ def _source(fn, args, kwargs):
 
 def _dump_asm(job: dict, compiled, nth: int) -> None:
     """With TMS_ASM_DIR set, write the kernel's PTX (or AMDGCN) as DIR/<job key>.<nth>.<ext>
-    (nth: the launcher's 1st, 2nd... kernel), for benchmarks/asm_equivalence.py."""
+    (nth: the launcher's 1st, 2nd... kernel), for benchmarks/codegen/asm_equivalence.py."""
     out = os.environ.get("TMS_ASM_DIR")
     if not out:
         return

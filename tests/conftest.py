@@ -16,7 +16,7 @@ if not HAS_GPU:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 DEVICE = torch.device("cuda") if HAS_GPU else torch.device("cpu")
-# The interpreter computes bf16 wrongly (shared notes): bf16 runs on the GPU only.
+# The interpreter computes bf16 wrongly (a bf16 tl.dot returns garbage): bf16 runs on the GPU only.
 DTYPES = [torch.float16, torch.float32] + ([torch.bfloat16] if HAS_GPU else [])
 
 

@@ -1,12 +1,13 @@
-"""The CPU-side code-reading tools: benchmarks/asm_equivalence.py's normalisation (what may differ
-between two builds of the same code) and benchmarks/sass_stats.py's loop finding."""
+"""The CPU-side code-reading tools: benchmarks/codegen/asm_equivalence.py's normalisation (what
+may differ between two builds of the same code) and benchmarks/codegen/sass_stats.py's loop
+finding."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-BENCH = str(Path(__file__).resolve().parents[1] / "benchmarks")
+BENCH = str(Path(__file__).resolve().parents[1] / "benchmarks" / "codegen")
 if BENCH not in sys.path:
     sys.path.insert(0, BENCH)
 

@@ -186,8 +186,8 @@ def test_config_label():
     assert config_label(cfg) == "h64 n32 w8 s2 k1 +st -pdl"
 
 
-def test_case_cost_is_the_anchors_formula():
-    """bytes = T*W*row_bytes + q + out, FLOPs = 2*H*T*W*(576 + 512) (anchors.md)."""
+def test_case_cost_is_the_documented_formula():
+    """bytes = T*W*row_bytes + q + out, FLOPs = 2*H*T*W*(576 + 512) (docs/PERFORMANCE.md)."""
     small = dict(rows=4096, topk=256, dtype=torch.float16)
     for fmt, row in (("auto", 1152), ("fp8_ds_mla", 656)):
         case = Case("c", 3, 16, kv_format=fmt, **small)

@@ -245,7 +245,7 @@ def _smoke_module():
     import importlib.util
     import pathlib
 
-    path = pathlib.Path(__file__).parents[1] / "benchmarks" / "flashmla_smoke.py"
+    path = pathlib.Path(__file__).parents[1] / "benchmarks" / "perf" / "flashmla_smoke.py"
     spec = importlib.util.spec_from_file_location("flashmla_smoke", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -274,8 +274,8 @@ def test_smoke_cases_on_cpu_with_fake(monkeypatch, name):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="FlashMLA runs on SM90/SM100")
 def test_bench_compare_flashmla_one_shape(tmp_path):
-    """On a GPU with FlashMLA importable (PYTHONPATH=src:.fmla): both formats' peer rows are
-    checked, timed and in the JSON."""
+    """On a GPU with FlashMLA importable (vLLM 0.33 installed, or its FlashMLA files on
+    PYTHONPATH: peers/flashmla.py): both formats' peer rows are checked, timed and in the JSON."""
     try:
         flashmla.load()
     except flashmla.PeerUnavailable as e:

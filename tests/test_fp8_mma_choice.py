@@ -2,7 +2,7 @@
 
 On sm90, per-tensor fp8 with bf16 q in 64-head tiles runs bf16 MMAs: the fp16 variant keeps q as
 a register-sourced wgmma operand that ptxas serialises and spills, and it returned non-finite
-partials under compute-sanitizer (docs/RELIABILITY.md, benchmarks/fp8_hazard.py).
+partials under compute-sanitizer (docs/RELIABILITY.md, benchmarks/reliability/fp8_hazard.py).
 """
 
 from __future__ import annotations

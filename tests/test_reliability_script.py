@@ -1,5 +1,5 @@
-"""benchmarks/reliability.py and benchmarks/ptx_jit.py stay alive on CPU (the GPU runs are in
-docs/RELIABILITY.md).
+"""benchmarks/reliability/reliability.py and benchmarks/reliability/ptx_jit.py stay alive on CPU
+(the GPU runs are in docs/RELIABILITY.md).
 
 The script runs in subprocesses (``--smoke``: Triton's interpreter, tiny fp16/fp32 cases), once as
 is and once with a sparse_mla that ignores its valid_counts or mangles its block table, which
@@ -21,14 +21,13 @@ import torch
 from triton_mla_sparse.ops.host import interpreter_problem
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BENCH = os.path.join(ROOT, "benchmarks")
+BENCH = os.path.join(ROOT, "benchmarks", "reliability")
 SCRIPT = os.path.join(BENCH, "reliability.py")
 
 
 def _env(interpret: bool = True) -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.path.join(ROOT, "src") + os.pathsep + env.get("PYTHONPATH", "")
-    env.pop("OUT", None)
     if interpret:
         env["TRITON_INTERPRET"] = "1"
     else:
@@ -147,7 +146,7 @@ def _reliability():
 
 @pytest.mark.parametrize("layout", ["flat", "bt", "bt48"])
 def test_adversarial_inputs(layout):
-    """The index content and poisoning each case gets, as the docs and the brief promise."""
+    """The index content and poisoning each case gets, as docs/RELIABILITY.md describes them."""
     rel = _reliability()
     arch = rel.heuristics.Arch("cuda", 90, 132)
     kind = rel.Kind("auto-fp32", torch.float32, "auto")
@@ -279,3 +278,15 @@ def test_fp32_lse_tolerance_scales_with_lse(lse_ref, err, ok):
     )
     fails, _, _ = reliability.check(bf16, out, ref_lse + 2e-2, out.clone(), ref_lse, None)
     assert fails  # bf16's 1e-2 is absolute at any |LSE|
+
+
+def test_log_goes_to_out_dir_only_when_asked(tmp_path):
+    """No log by default; --out DIR names one per suite and shard; --log wins over --out."""
+    rel = _reliability()
+    assert rel._log_path(rel._parse(["--suite", "graph"])) is None
+    path = rel._log_path(rel._parse(["--suite", "emulate", "--arch", "86", "--out", str(tmp_path)]))
+    assert path == str(tmp_path / "reliability-emulate-sm86.json")
+    path = rel._log_path(rel._parse(["--out", str(tmp_path), "--shard", "1/4"]))
+    assert path == str(tmp_path / "reliability-sanitize-shard1of4.json")
+    args = rel._parse(["--out", str(tmp_path), "--log", str(tmp_path / "x.json")])
+    assert rel._log_path(args) == str(tmp_path / "x.json")

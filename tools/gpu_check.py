@@ -15,7 +15,8 @@ is skipped otherwise), ``triton-mla-sparse verify``, and the ahead-of-time compi
 GPU's own target. ``full`` adds, one part each: compute-sanitizer (memcheck, initcheck,
 racecheck) over every configuration the heuristics choose, CUDA-graph replay with new inputs, and
 the sm80/86/89 code paths compiled for their target and run here by PTX JIT
-(benchmarks/reliability/reliability.py; docs/RELIABILITY.md says what each checks).
+(benchmarks/reliability/: reliability.py, sanitize.sh; docs/RELIABILITY.md says what each
+checks).
 
 ``--triton PATH``: a folder that holds another Triton's ``triton/`` package (an unpacked wheel,
 e.g. vLLM's pin), put first on the children's ``PYTHONPATH`` with its own compile cache.
@@ -39,6 +40,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RELIABILITY = ROOT / "benchmarks" / "reliability" / "reliability.py"
+SANITIZE = ROOT / "benchmarks" / "reliability" / "sanitize.sh"
 STEP_LIMIT_S = 570  # every step, and so every part, ends inside a 10-minute window
 
 # The full procedure's slices: (tool, cases per part) over the sanitize suite's cases in coverage
@@ -129,7 +131,7 @@ def quick_steps(args: argparse.Namespace, env: dict[str, str]) -> list[Step]:
         Step("verify", [sys.executable, "-m", "triton_mla_sparse.cli.main", "verify"]),
         # the ahead-of-time compile test for this GPU's own target (its fixture spreads the
         # compiles over processes itself)
-        Step("compile", pytest + ["tests/test_compile.py", "-k", target]),
+        Step("compile", pytest + ["tests/test_compile.py"], env={"TMS_COMPILE_ONLY": target + "-"}),
     ]
 
 
@@ -153,62 +155,12 @@ def part_steps(part: str, args: argparse.Namespace) -> list[Step]:
     return [Step(part, cmd + ["--log", str(out / f"{part}.json")])]
 
 
-def _sanitizer() -> str:
-    found = os.environ.get("COMPUTE_SANITIZER") or shutil.which("compute-sanitizer")
-    if not found:
-        cands = sorted(Path("/usr/local").glob("cuda*/bin/compute-sanitizer"))
-        found = str(cands[-1]) if cands else None
-    if not found:
-        raise SystemExit("compute-sanitizer not found: set COMPUTE_SANITIZER=/path/to/it")
-    return found
-
-
 def sanitize_steps(tool: str, skip: int, count: int, out: Path, args: argparse.Namespace):
-    """Compile the slice's variants without the sanitizer (so the sanitized runs only load them),
-    then run it under ``tool`` in parallel shards; one Step for the compile, one for the shards."""
-    out.mkdir(parents=True, exist_ok=True)
-    sel = ["--suite", "sanitize", "--skip-cases", str(skip), "--max-cases", str(count)]
-    rel = [sys.executable, str(RELIABILITY)]
-    compile_step = Step(
-        f"{tool}-compile",
-        rel
-        + sel
-        + ["--compile-only", "--jobs", str(args.jobs), "--log", str(out / "compile.json")],
-        env={"TRITON_CACHE_DIR": "/tmp/triton-reliability-cache"},
-    )
-    flags = {
-        "memcheck": ["--tool", "memcheck", "--leak-check", "no"],
-        "racecheck": ["--tool", "racecheck", "--racecheck-report", "all"],
-        # initcheck must also see PyTorch's fills and copies initialise what the kernels read
-        "initcheck": ["--tool", "initcheck"],
-    }[tool]
-    if tool != "initcheck":
-        flags += ["--kernel-name", "kns=sparse_mla"]  # instrument the project's kernels only
-    shards = args.jobs
-    script = []
-    for s in range(shards):
-        cmd = [_sanitizer(), *flags, "--error-exitcode", "9", "--print-limit", "50"]
-        cmd += ["--log-file", str(out / f"{tool}-{s}.sanitizer.txt")]
-        cmd += rel + sel + ["--shard", f"{s}/{shards}", "--log", str(out / f"{tool}-{s}.json")]
-        script.append(
-            " ".join(map(_quote, cmd)) + f" > {_quote(str(out / f'{tool}-{s}.txt'))} 2>&1 &"
-        )
-    merge = rel + ["--merge"] + [str(out / f"{tool}-{s}.json") for s in range(shards)]
-    body = "\n".join(
-        ["rc=0", *script, "for p in $(jobs -p); do wait $p || rc=1; done"]
-        + [f"grep -h 'SUMMARY' {_quote(str(out))}/*.sanitizer.txt | sort | uniq -c"]
-        + [" ".join(map(_quote, merge)) + " || rc=1", "exit $rc"]
-    )
-    shard_step = Step(
-        tool,
-        ["bash", "-c", body],
-        env={"TRITON_CACHE_DIR": "/tmp/triton-reliability-cache"},
-    )
-    return [compile_step, shard_step]
-
-
-def _quote(s: str) -> str:
-    return s if re.fullmatch(r"[\w@%+=:,./-]+", s) else "'" + s.replace("'", "'\\''") + "'"
+    """One slice of the sanitize suite under ``tool``: benchmarks/reliability/sanitize.sh compiles
+    the slice's variants without the sanitizer, then runs it in parallel sanitized shards."""
+    sel = ["--skip-cases", str(skip), "--max-cases", str(count)]
+    cmd = ["bash", str(SANITIZE), tool, str(args.jobs), "--out", str(out)] + sel
+    return [Step(out.name, cmd, env={"PYTHON": sys.executable, "COMPILE_JOBS": str(args.jobs)})]
 
 
 _PYTEST_COUNTS = re.compile(r"(\d+ (?:passed|failed|skipped|errors?|xfailed|xpassed|deselected))")

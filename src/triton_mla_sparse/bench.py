@@ -1,7 +1,8 @@
 """Measurement: ceilings measured on the card, the floor of a shape, checked and timed calls.
 
 floor = max(bytes / copy bandwidth, FLOPs / bf16 matmul rate), with
-bytes = T*W*row_bytes + q + out and FLOPs = 2*H*T*W*(576+512) (../shared/notes/anchors.md).
+bytes = T*W*row_bytes + q + out (every listed index one row read) and FLOPs = 2*H*T*W*(576+512),
+as docs/PERFORMANCE.md defines them.
 Decode is timed from CUDA-graph replays (as a server runs it), prefill with device events.
 """
 

@@ -3,7 +3,7 @@
 No autotuning: the choice depends only on what a CUDA graph captures (rows, next_n, heads, the
 output width, q's dtype), never on the context lengths, so a captured shape replays the kernel it
 was warmed with. These are first choices from the design (memory floor, MMA shape, shared memory);
-benchmarks/indexer_gpu.py measures them and ``IndexerConfig`` overrides them for sweeps.
+benchmarks/perf/indexer_gpu.py measures them and ``IndexerConfig`` overrides them for sweeps.
 """
 
 from __future__ import annotations

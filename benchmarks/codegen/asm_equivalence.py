@@ -6,18 +6,21 @@ correctness, timings) carries over. That is what this checks, without a GPU, thr
 ahead-of-time path as tests/test_compile.py (tests/aot_compile.py records the real launcher's
 calls and compiles them with ``triton.compile``).
 
-    python benchmarks/asm_equivalence.py jobs JOBS.json [--full cuda:90,cuda:80]
-    python benchmarks/asm_equivalence.py dump JOBS.json DIR --tree PATH [--workers 2] [--triton DIR]
-    python benchmarks/asm_equivalence.py diff DIR_A DIR_B
+    python benchmarks/codegen/asm_equivalence.py jobs JOBS.json [--full cuda:90,cuda:80]
+    python benchmarks/codegen/asm_equivalence.py dump JOBS.json DIR [--tree PATH] [--workers 2]
+        [--triton DIR]
+    python benchmarks/codegen/asm_equivalence.py diff DIR_A DIR_B
 
-``jobs``: the compile test's default job set, plus every configuration the heuristics choose
-for the ``--full`` targets (rope 64, serving flags). ``dump``: compile it with the source tree at
-PATH (its ``src`` and ``tests/aot_compile.py``; a ``git worktree`` of the old revision) and write
-one file per kernel into DIR. ``diff``: compare two dumps file by file: identical PTX (up to names and line info), else
-identical SASS (both assembled by Triton's own ptxas, disassembled by its cuobjdump: PTX can
-differ in the order of independent instructions and hence register numbers, when helper
-inlining moves where an index expression is materialized), else different; exit 1 on any
-difference.
+``jobs``: the compile test's default job set (this checkout's tests/test_compile.py, loaded by
+file path), plus every configuration the heuristics choose for the ``--full`` targets (rope 64,
+serving flags). ``dump``: compile it with the source tree at PATH (default: this checkout; for
+the old side of a comparison, a ``git worktree`` of the old revision): the compile workers run
+that tree's ``tests/aot_compile.py`` with its ``src`` on their PYTHONPATH (after ``--triton``,
+a folder holding another Triton, if given), and write one file per kernel into DIR. ``diff``:
+compare two dumps file by file: identical PTX (up to names and line info), else identical SASS
+(both assembled by Triton's own ptxas, disassembled by its cuobjdump: PTX can differ in the
+order of independent instructions and hence register numbers, when helper inlining moves where
+an index expression is materialized), else different; exit 1 on any difference.
 """
 
 from __future__ import annotations
@@ -31,14 +34,24 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _compile_test():
+    """tests/test_compile.py of this checkout, whose job set (make_jobs) the compile test runs."""
+    import importlib.util
+
+    path = ROOT / "tests" / "test_compile.py"
+    spec = importlib.util.spec_from_file_location("tms_compile_test", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def cmd_jobs(args: argparse.Namespace) -> None:
-    sys.path.insert(0, str(ROOT / "tests"))
-    import test_compile as tc
-
     from triton_mla_sparse.ops.sparse_mla.heuristics import TARGETS
+
+    tc = _compile_test()
 
     jobs = dict(tc.make_jobs())
     full = set(filter(None, args.full.split(",")))

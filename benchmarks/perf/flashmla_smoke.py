@@ -7,12 +7,14 @@ float32 reference (the bench's tolerance), then checks a CUDA-graph capture and 
 then times it as the bench does. A case that raises prints its exception and the run goes on
 (after an illegal memory access the CUDA context is lost: rerun with --only to isolate one).
 
-    PYTHONPATH=src:.fmla python benchmarks/flashmla_smoke.py [--out DIR] [--only NAME ...]
+    python benchmarks/perf/flashmla_smoke.py [--out DIR] [--only NAME ...]
 
-``.fmla`` holds vLLM 0.33's ``vllm/__init__.py`` (empty), ``vllm/_flashmla_C.abi3.so`` and
-``vllm/third_party/flashmla/flash_mla_interface.py``. Exit status: 0 all passed, 1 a case
-failed, 2 FlashMLA cannot be imported or there is no GPU. JSON goes to DIR/flashmla_smoke.json
-(DIR defaults to $OUT when set).
+FlashMLA is the build vLLM 0.33 ships (``peers/flashmla.py``): importable with vLLM 0.33
+installed (``pip install -e ".[vllm]"``), or, without vLLM, from a folder on ``PYTHONPATH`` that
+holds vLLM 0.33's ``vllm/_flashmla_C.abi3.so`` and
+``vllm/third_party/flashmla/flash_mla_interface.py`` with an empty ``vllm/__init__.py``. Exit
+status: 0 all passed, 1 a case failed, 2 FlashMLA cannot be imported or there is no GPU. With
+``--out DIR`` the results go to DIR/flashmla_smoke.json as well.
 """
 
 from __future__ import annotations
@@ -120,7 +122,7 @@ def run_one(name: str, case: Case, fmla, device: torch.device) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default=os.environ.get("OUT"), help="directory for the JSON")
+    ap.add_argument("--out", metavar="DIR", default=None, help="directory for flashmla_smoke.json")
     ap.add_argument("--only", nargs="*", choices=sorted(CASES), help="run these cases only")
     args = ap.parse_args()
     try:

@@ -1,8 +1,10 @@
 """Sweep launch configurations for key shapes on the GPU: check each against the reference, time it.
 
-    python benchmarks/tune.py --out tune.json [--only decode-bf16,...]
+    python benchmarks/perf/tune.py [--only mem,mma,small,ds,occ,ds-mma] [--out DIR]
 
-Evidence for the choices in ops/sparse_mla/heuristics.py (see docs/PERFORMANCE.md).
+Prints one line per configuration and the best per case; writes every row, with the ceilings
+measured in the same run, to DIR/tune.json (DIR defaults to ./out/tune). Evidence for the
+choices in ops/sparse_mla/heuristics.py (see docs/PERFORMANCE.md).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import dataclasses
 import itertools
 import json
 import traceback
+from pathlib import Path
 
 import torch
 
@@ -125,10 +128,14 @@ SWEEPS = {
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="tune.json")
-    ap.add_argument("--only", default=",".join(SWEEPS))
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument(
+        "--out", metavar="DIR", type=Path, default=Path("out/tune"), help="directory for tune.json"
+    )
+    ap.add_argument("--only", default=",".join(SWEEPS), help="sweeps to run, comma-separated")
     args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    log = args.out / "tune.json"
     dev = torch.device("cuda")
     ceil = measure_ceilings(dev)
     print(
@@ -157,7 +164,7 @@ def main() -> None:
                     traceback.print_exc(limit=1)
                 d["sweep"], d["default"] = name, cfg == default
                 rows.append(d)
-                with open(args.out, "w") as f:
+                with open(log, "w") as f:
                     json.dump({"ceilings": dataclasses.asdict(ceil), "rows": rows}, f, indent=1)
                 print(
                     f"{name:13s} {case.kv_format:10s} {case.name:22s} {d.get('config')} "

@@ -1,12 +1,13 @@
-"""One device call for the DSA indexer logits: tests, correctness at serving shapes, then the bench.
+"""The DSA indexer logits on a GPU in one run: tests, correctness at serving shapes, then the bench.
 
-Run on the GPU host from the repository root (no vLLM needed):
+From the repository root, with the package installed (no vLLM needed):
 
-    PYTHONPATH=src python benchmarks/indexer_gpu.py [--full] [--skip-tests]
+    python benchmarks/perf/indexer_gpu.py [--full] [--skip-tests] [--out DIR]
 
-Writes under $OUT (default /tmp/out): env.txt, pytest_indexer.txt, checks.txt, bench.txt,
-indexer_bench.json; prints the bench table last. Exit status non-zero when anything failed.
-Default total: ~4-5 minutes on an H200 (tests ~1 min, checks ~30 s, bench ~2-3 min).
+Writes under DIR (default ./out/indexer_gpu): env.txt, pytest_indexer.txt (tests/test_indexer.py
+run by pytest), checks.txt, bench.txt, indexer_bench.json; prints the bench table last. Exit
+status non-zero when anything failed. Default total: ~4-5 minutes on an H200 (tests ~1 min,
+checks ~30 s, bench ~2-3 min).
 """
 
 from __future__ import annotations
@@ -23,28 +24,26 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "src"))
-
-from triton_mla_sparse import bench_indexer as bi  # noqa: E402
-from triton_mla_sparse.indexer import mqa_logits, paged_mqa_logits  # noqa: E402
-from triton_mla_sparse.ops.indexer.heuristics import (  # noqa: E402
+from triton_mla_sparse import bench_indexer as bi
+from triton_mla_sparse.indexer import mqa_logits, paged_mqa_logits
+from triton_mla_sparse.ops.indexer.heuristics import (
     arch_of,
     choose_mqa_config,
     choose_paged_config,
 )
-from triton_mla_sparse.reference import (  # noqa: E402
+from triton_mla_sparse.reference import (
     mqa_logits_reference,
     paged_mqa_logits_reference,
 )
+
+ROOT = Path(__file__).resolve().parents[2]  # the checkout whose tests/test_indexer.py runs
 
 
 def run_tests(out: Path) -> bool:
     cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider"]
     cmd += [str(ROOT / "tests" / "test_indexer.py")]
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
     try:
-        p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
         text, ok = p.stdout + p.stderr, p.returncode == 0
     except subprocess.TimeoutExpired as e:
         text, ok = f"TIMEOUT after 240 s\n{e.stdout or ''}", False
@@ -125,7 +124,10 @@ def checks(device: torch.device, small: bool = False) -> list[str]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument(
+        "--out", metavar="DIR", type=Path, default=Path("out/indexer_gpu"), help="log directory"
+    )
     ap.add_argument("--full", action="store_true")
     ap.add_argument("--skip-tests", action="store_true")
     ap.add_argument("--small", action="store_true", help="CPU dry run under Triton's interpreter")
@@ -134,7 +136,7 @@ def main() -> int:
         if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
             raise SystemExit("run --small with TRITON_INTERPRET=1 set")
         os.environ["TRITON_INTERPRET"] = "1"
-    out = Path(os.environ.get("OUT", "/tmp/out"))
+    out = a.out
     out.mkdir(parents=True, exist_ok=True)
     import triton
 

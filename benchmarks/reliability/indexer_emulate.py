@@ -1,4 +1,4 @@
-"""Run the indexer kernels as compiled for sm80/86/89 on the H200 (PTX JIT), and check them.
+"""Run the indexer kernels as compiled for sm80/86/89 on an sm90 GPU (PTX JIT), and check them.
 
 An sm_8x cubin cannot load on an sm_90 device, but PTX can: the driver JIT-compiles
 ``.target sm_80`` PTX. So each target runs in its own process where, before the first launch,
@@ -7,10 +7,11 @@ project's architecture lookup reports the emulated target (its tiles, its intege
 below sm89), and the Triton cache is separate. This proves the instruction streams and tiles of
 those targets on real hardware; timings here say nothing about an A100 or L40S, so none are taken.
 
-    PYTHONPATH=src python benchmarks/indexer_emulate.py            # sm80, sm86, sm89 in turn
-    PYTHONPATH=src python benchmarks/indexer_emulate.py --cc 80    # one target (a child)
+    python benchmarks/reliability/indexer_emulate.py [--out DIR]   # sm80, sm86, sm89 in turn
+    python benchmarks/reliability/indexer_emulate.py --cc 80       # one target (a child)
 
-Writes $OUT/emulate_sm<cc>.txt; prints one line per check and the PTX targets that ran.
+Prints one line per check and the PTX targets that ran; with ``--out DIR`` also writes
+DIR/emulate_sm<cc>.txt.
 """
 
 from __future__ import annotations
@@ -23,12 +24,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
 
-
-def child(cc: int) -> int:
+def child(cc: int, out_dir: Path | None) -> int:
     os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix=f"triton-sm{cc}-")
-    sys.path.insert(0, str(ROOT / "src"))
     import torch
     import triton
     from triton.backends.compiler import GPUTarget
@@ -106,21 +104,26 @@ def child(cc: int) -> int:
     lines.append(f"PTX targets that ran: {sorted(targets)}")
     ok_all &= targets == {f"sm_{cc}"}
     print(lines[-1])
-    out_dir = Path(os.environ.get("OUT", "/tmp/out"))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / f"emulate_sm{cc}.txt").write_text("\n".join(lines) + "\n")
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / f"emulate_sm{cc}.txt").write_text("\n".join(lines) + "\n")
     return 0 if ok_all else 1
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--cc", type=int, default=None)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--cc", type=int, default=None, help="run this target only")
+    ap.add_argument(
+        "--out", metavar="DIR", type=Path, default=None, help="directory for emulate_sm<cc>.txt"
+    )
     a = ap.parse_args()
     if a.cc is not None:
-        return child(a.cc)
+        return child(a.cc, a.out)
     rc = 0
     for cc in (80, 86, 89):
-        p = subprocess.run([sys.executable, __file__, "--cc", str(cc)], timeout=300)
+        cmd = [sys.executable, __file__, "--cc", str(cc)]
+        cmd += [] if a.out is None else ["--out", str(a.out)]
+        p = subprocess.run(cmd, timeout=300)
         print(f"sm{cc}: {'ok' if p.returncode == 0 else 'FAILED'} (rc {p.returncode})", flush=True)
         rc |= p.returncode
     return rc

@@ -1,4 +1,4 @@
-"""Bisect the kv_format="fp8" 64-head split-tile hazard (issue 9, section 1).
+"""Bisect the kv_format="fp8" 64-head split-tile hazard (docs/RELIABILITY.md has the findings).
 
 Seen before: under ``compute-sanitizer --tool memcheck`` the tile h64 n64 w8 s3 with split-K
 returns non-finite output for heads 24 and up; without the sanitizer the output is correct.
@@ -8,8 +8,11 @@ finite (the merge kernel is wrapped to keep its inputs), the heads that went bad
 against the float32 reference. ``--poison`` fills every float32 workspace the launcher allocates
 with NaN first, so a partial row the split pass fails to write shows up without any sanitizer.
 
-    PYTHONPATH=src python benchmarks/fp8_hazard.py [--poison] [--only NAME ...] [--repeat N]
-    PYTHONPATH=src compute-sanitizer --tool memcheck python benchmarks/fp8_hazard.py
+    python benchmarks/reliability/fp8_hazard.py [--poison] [--only NAME ...] [--repeat N] [--out DIR]
+    compute-sanitizer --tool memcheck python benchmarks/reliability/fp8_hazard.py [--out DIR]
+    python benchmarks/reliability/fp8_hazard.py --time [--out DIR]   # fp16 vs bf16 MMAs, timed
+
+With ``--out DIR`` the results also go to DIR/fp8_hazard.json (``--time``: DIR/fp8_mma_dtype.json).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import functools
 import json
 import os
 import sys
+from pathlib import Path
 
 import torch
 
@@ -165,7 +169,7 @@ def run_variant(name: str, spec: tuple, seed: int, poison: bool) -> dict:
     return res
 
 
-def time_mma_choice(json_path: str | None) -> None:
+def time_mma_choice(json_path: Path | None) -> None:
     """CUDA-graph medians of the fp8 (per-tensor) cache with bf16 q: fp16 vs bf16 MMAs."""
     import dataclasses
 
@@ -224,11 +228,15 @@ def main() -> int:
     ap.add_argument("--only", nargs="*", default=None, help="variant names (default: all)")
     ap.add_argument("--poison", action="store_true", help="NaN-fill the split workspaces")
     ap.add_argument("--repeat", type=int, default=1, help="runs per variant (fresh inputs)")
-    ap.add_argument("--json", default=None, help="write the results here")
+    ap.add_argument(
+        "--out", metavar="DIR", type=Path, default=None, help="directory for the JSON results"
+    )
     ap.add_argument("--time", action="store_true", help="time fp16 vs bf16 MMAs instead")
     args = ap.parse_args()
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
     if args.time:
-        time_mma_choice(args.json)
+        time_mma_choice(None if args.out is None else args.out / "fp8_mma_dtype.json")
         return 0
     names = args.only or list(VARIANTS)
     results = []
@@ -242,8 +250,8 @@ def main() -> int:
                 f"  err {res['rel_err_finite_part']:.2e}  {res['config']}",
                 flush=True,
             )
-    if args.json:
-        with open(args.json, "w") as f:
+    if args.out is not None:
+        with open(args.out / "fp8_hazard.json", "w") as f:
             json.dump(results, f, indent=1)
     bad = [r["variant"] for r in results if not r["ok"]]
     print(

@@ -6,8 +6,10 @@ emulation against torch's e4m3 conversion, bit for bit, in fp32. Then timings fr
 replays at DeepSeek-V3.2 (16 query heads per GPU at TP8, 64 index heads) and GLM-5 (8 / 32)
 shapes, with the bytes moved and the ratio to the card's measured copy bandwidth. A table last.
 
-Usage (GPU host, repository root): ``PYTHONPATH=src python benchmarks/index_q_gpu.py --out $OUT``
-Writes ``$OUT/index_q_gpu.json`` and prints the table; exit status 1 if a check fails.
+    python benchmarks/perf/index_q_gpu.py [--out DIR]
+
+Prints the checks and the table; with ``--out DIR`` also writes DIR/index_q_gpu.json. Exit
+status 1 if a check fails, 2 without a GPU.
 """
 
 from __future__ import annotations
@@ -99,17 +101,18 @@ def timings(dev: torch.device, copy_gbps: float) -> list[dict]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, default=Path("."))
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument(
+        "--out", metavar="DIR", type=Path, default=None, help="directory for index_q_gpu.json"
+    )
     args = ap.parse_args()
     if not torch.cuda.is_available():
-        print("no GPU: this script is for the GPU host", file=sys.stderr)
+        print("no GPU: this script needs a CUDA GPU", file=sys.stderr)
         return 2
     dev = torch.device("cuda")
     checks = check(dev)
     ceil = measure_ceilings(dev)
     times = timings(dev, ceil.copy_gbps) if all(c["ok"] for c in checks) else []
-    args.out.mkdir(parents=True, exist_ok=True)
     res = dict(
         gpu=torch.cuda.get_device_name(),
         torch=torch.__version__,
@@ -117,7 +120,9 @@ def main() -> int:
         checks=checks,
         timings=times,
     )
-    (args.out / "index_q_gpu.json").write_text(json.dumps(res, indent=1))
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "index_q_gpu.json").write_text(json.dumps(res, indent=1))
     for c in checks:
         print(f"{'PASS' if c['ok'] else 'FAIL'}  {c['check']:40s} max err {c['max_err']:.2e}")
     print(f"\ncopy bandwidth {ceil.copy_gbps:.0f} GB/s (measured)")

@@ -2,13 +2,13 @@
 
 Evidence for where a measured gap comes from (docs/INDEXER.md, docs/PERFORMANCE.md): the
 kernels are compiled for a target exactly as the runtime would (tests/aot_compile.py, via
-``benchmarks/asm_equivalence.py dump``), assembled by Triton's own ptxas, disassembled by its
-cuobjdump; each loop (a backward branch and the code it jumps over) is summarised by instruction
-class. Static counts: one pass of the loop body, per warp.
+``benchmarks/codegen/asm_equivalence.py dump``), assembled by Triton's own ptxas, disassembled
+by its cuobjdump; each loop (a backward branch and the code it jumps over) is summarised by
+instruction class. Static counts: one pass of the loop body, per warp. No GPU needed.
 
-    python benchmarks/sass_stats.py indexer JOBS.json       # the indexer decode variants below
-    python benchmarks/asm_equivalence.py dump JOBS.json DIR
-    python benchmarks/sass_stats.py report DIR [--json OUT]
+    python benchmarks/codegen/sass_stats.py indexer JOBS.json   # the indexer decode variants below
+    python benchmarks/codegen/asm_equivalence.py dump JOBS.json DIR
+    python benchmarks/codegen/sass_stats.py report DIR [--json PATH]
 """
 
 from __future__ import annotations
@@ -17,13 +17,9 @@ import argparse
 import collections
 import json
 import re
-import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-from asm_equivalence import ptxas_sass  # noqa: E402
+from asm_equivalence import ptxas_sass  # this script's folder is on sys.path when it runs
 
 # opcode (before the first '.') -> class
 CLASSES = {

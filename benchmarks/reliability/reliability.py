@@ -1,4 +1,4 @@
-"""GPU reliability procedure for ``sparse_mla`` (issue 9, section 2); docs/RELIABILITY.md says how to run it.
+"""GPU reliability procedure for ``sparse_mla``; docs/RELIABILITY.md says how to run it.
 
 Suites (``--suite``):
 
@@ -8,12 +8,12 @@ Suites (``--suite``):
   integer e4m3 decode; NoPE; paged caches with power-of-two and other page sizes), each run once
   with the smallest shape that selects it and adversarial index content, checked against the
   reference. Meant to run under compute-sanitizer (memcheck, racecheck, initcheck; driver:
-  benchmarks/reliability_sanitize.sh) and without it.
+  benchmarks/reliability/sanitize.sh) and without it.
 - ``graph``: CUDA-graph capture and replay with q, indices, valid_counts, block table, request ids
   and the fp8 scale tensor overwritten in place between replays, each replay checked; before
   capture, the eager call under ``torch.cuda.set_sync_debug_mode("error")``.
 - ``emulate --arch 80|86|89``: the sanitize suite's cases for that target's heuristics, compiled by
-  Triton for sm_80/86/89 and JIT-compiled from PTX by the driver (benchmarks/ptx_jit.py); prints
+  Triton for sm_80/86/89 and JIT-compiled from PTX by the driver (benchmarks/reliability/ptx_jit.py); prints
   each variant's PTX ``.target`` and shared memory (checked against the target's limit).
 
 A variant is what Triton compiles: the forward kernel's constexprs and launch options (block
@@ -29,8 +29,9 @@ are NaN-poisoned before the call. Checks: every output finite; relative Frobeniu
 the tests' tolerances (fp32 1e-5, fp16 2e-3, bf16 1e-2); LSE -inf exactly where the reference has
 no valid index, else within 1e-5/1e-3/1e-2; empty tokens exactly zero.
 
-Exit status: 0 all passed, 1 any failure, 2 bad arguments. A JSON log goes to ``--log`` or
-``$OUT/reliability-<suite>.json``; the summary table is printed last.
+Exit status: 0 all passed, 1 any failure, 2 bad arguments. A JSON log goes to ``--log PATH`` or,
+with ``--out DIR``, to ``DIR/reliability-<suite>.json`` (neither: no log); the summary table is
+printed last.
 
 ``--smoke`` runs the sanitize suite's logic on CPU under TRITON_INTERPRET=1 (tiny sizes, fp16/fp32
 only): tests/test_reliability_script.py keeps it alive in CI.
@@ -103,7 +104,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         "--skip-cases",
         type=int,
         default=0,
-        help="drop the first N (coverage order) before --max-cases: splits a pass over device calls",
+        help="drop the first N (coverage order) before --max-cases: splits a pass into slices",
     )
     p.add_argument("--max-tokens", type=int, default=None, help="drop cases with more tokens")
     p.add_argument("--shard", default=None, metavar="K/N", help="run every N-th case from the K-th")
@@ -138,7 +139,13 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         help="sanitize: keep PyTorch's caching allocator (hides out-of-bounds reads "
         "inside its segments from memcheck)",
     )
-    p.add_argument("--log", default=None, help="JSON log path (default $OUT/reliability-*.json)")
+    p.add_argument(
+        "--out",
+        default=None,
+        metavar="DIR",
+        help="directory for the JSON log (DIR/reliability-<suite>.json) and --jobs shard output",
+    )
+    p.add_argument("--log", default=None, help="JSON log path (overrides --out's)")
     p.add_argument(
         "--merge",
         nargs="+",
@@ -1137,7 +1144,7 @@ def _versions(device) -> dict:
 def _log_path(args: argparse.Namespace) -> str | None:
     if args.log:
         return args.log
-    out = os.environ.get("OUT")
+    out = args.out
     if not out:
         return None
     name = "reliability-" + ("smoke" if args.smoke else args.suite)
@@ -1179,7 +1186,7 @@ def merge_logs(paths: Iterable[str]) -> int:
 
 def _run_jobs(args: argparse.Namespace, argv: list[str]) -> int:
     """Run the selection in ``args.jobs`` processes (shards), then print the combined results."""
-    out_dir = os.environ.get("OUT") or None
+    out_dir = args.out
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f"reliability-{args.suite}-jobs-", dir=out_dir)

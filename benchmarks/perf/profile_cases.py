@@ -2,7 +2,7 @@
 
     ncu --clock-control none --kernel-name regex:sparse_mla --section SpeedOfLight \
         --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
-        python benchmarks/profile_cases.py [NAME_SUBSTRING ...]
+        python benchmarks/perf/profile_cases.py [NAME_SUBSTRING ...]
 
 Each case runs once with its heuristic configuration (or the one named) after a check against
 the reference; nothing else launches a kernel whose name starts with ``sparse_mla``.

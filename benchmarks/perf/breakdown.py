@@ -1,6 +1,8 @@
-"""Where a small decode call's time goes: per-kernel device time (profiler) vs graph time per call.
+"""Where a small decode call's time goes: per-kernel GPU time (profiler) vs graph time per call.
 
-python benchmarks/breakdown.py
+    python benchmarks/perf/breakdown.py
+
+Prints one line per case; writes nothing.
 """
 
 from __future__ import annotations

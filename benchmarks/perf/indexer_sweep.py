@@ -1,9 +1,10 @@
 """Launch-configuration sweep for the indexer logits (evidence for ops/indexer/heuristics.py).
 
-    PYTHONPATH=src python benchmarks/indexer_sweep.py [--wide]
+    python benchmarks/perf/indexer_sweep.py [--wide] [--out DIR]
 
 Each configuration is checked against the reference (sampled rows) before it is timed; the
-heuristic's own choice is marked ``*``. Writes $OUT/indexer_sweep.json and .txt, table last.
+heuristic's own choice is marked ``*``. Prints the table last; with ``--out DIR`` also writes
+DIR/indexer_sweep.json and DIR/indexer_sweep.txt.
 """
 
 from __future__ import annotations
@@ -12,19 +13,15 @@ import argparse
 import dataclasses
 import itertools
 import json
-import os
 import sys
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "src"))
-
-from triton_mla_sparse import bench_indexer as bi  # noqa: E402
-from triton_mla_sparse.cli.common import num, table  # noqa: E402
-from triton_mla_sparse.indexer import IndexerConfig  # noqa: E402
-from triton_mla_sparse.ops.indexer.heuristics import (  # noqa: E402
+from triton_mla_sparse import bench_indexer as bi
+from triton_mla_sparse.cli.common import num, table
+from triton_mla_sparse.indexer import IndexerConfig
+from triton_mla_sparse.ops.indexer.heuristics import (
     arch_of,
     block_h_for,
     choose_mqa_config,
@@ -63,12 +60,13 @@ def prefill_configs(heads, quick):
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--wide", action="store_true", help="also 8 warps and 4 stages (~3x longer)")
+    ap.add_argument(
+        "--out", metavar="DIR", type=Path, default=None, help="directory for the table and JSON"
+    )
     a = ap.parse_args()
     a.quick = not a.wide
-    out = Path(os.environ.get("OUT", "/tmp/out"))
-    out.mkdir(parents=True, exist_ok=True)
     device = torch.device("cuda")
     arch = arch_of(device)
     ceil = bi.measure_ceilings(device)
@@ -114,10 +112,12 @@ def main() -> int:
         for r in results
     ]
     text = table(rows, header)
-    (out / "indexer_sweep.txt").write_text(text + "\n")
-    (out / "indexer_sweep.json").write_text(
-        json.dumps([dataclasses.asdict(r) for r in results], indent=1)
-    )
+    if a.out is not None:
+        a.out.mkdir(parents=True, exist_ok=True)
+        (a.out / "indexer_sweep.txt").write_text(text + "\n")
+        (a.out / "indexer_sweep.json").write_text(
+            json.dumps([dataclasses.asdict(r) for r in results], indent=1)
+        )
     print()
     print(text)
     return 0 if all(r.passed for r in results) else 1
