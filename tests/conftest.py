@@ -7,6 +7,7 @@ so setting it here, before any test runs, is enough.
 from __future__ import annotations
 
 import os
+from importlib import metadata
 
 import pytest
 import torch
@@ -32,3 +33,14 @@ def size(cpu, gpu):
 
 def dtype_id(dtype: torch.dtype) -> str:
     return {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}[dtype]
+
+
+def require_vllm() -> None:
+    """Skip (the calling test, or the module at import) unless the vllm distribution is installed.
+
+    An import alone is not proof: any folder named ``vllm`` on sys.path imports as an empty
+    namespace package."""
+    try:
+        metadata.version("vllm")
+    except metadata.PackageNotFoundError:
+        pytest.skip("vllm is not installed (CI installs vllm==0.33.0)", allow_module_level=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import DEVICE, HAS_GPU, size
+from conftest import DEVICE, HAS_GPU, require_vllm, size
 
 from triton_mla_sparse.indexer import IndexerConfig, mqa_logits, paged_mqa_logits
 from triton_mla_sparse.kv_format import (
@@ -200,7 +200,7 @@ def test_paged_flat_cache_layout():
 @pytest.mark.vllm
 def test_paged_matches_vllm_torch_reference():
     """vLLM's DeepGEMM-derived torch reference (its next_n == 1 branch reads this layout)."""
-    pytest.importorskip("vllm")
+    require_vllm()
     from vllm.v1.attention.ops.rocm_aiter_mla_sparse import fp8_paged_mqa_logits_torch
 
     q, cache, w, cl, bt, mml = paged_case(3, 1, 32, [77, 200, 64], "e4m3", False)
@@ -296,7 +296,7 @@ def test_prefill_scale_forms():
 
 @pytest.mark.vllm
 def test_prefill_matches_vllm_torch_reference():
-    pytest.importorskip("vllm")
+    require_vllm()
     from vllm.v1.attention.ops.rocm_aiter_mla_sparse import fp8_mqa_logits_torch
 
     q, k, sc, w, ks, ke, max_len = prefill_case("e4m3", seed=4)

@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 D = 128  # the reduction width of the indexer's dot
-N = 64  # K rows per tile
+TILE_ROWS = (16, 64)  # K rows per tile (the indexer's block_n)
 COLS = 16  # identity columns: out[n, j] = k[n, j]
 
 
@@ -57,6 +57,31 @@ def _as_dot_operand(
     tl.store(Out + o_n[:, None] * COLS + o_j[None, :], b_s)
 
 
+def indexer_native_fp32(dev: torch.device) -> int:
+    """The indexer's prefill kernel launched with float32 q and the native decode, a combination
+    the public API routes to the integer decode: how many of the 508 finite code values come back
+    wrong (0 = the combination works with this Triton)."""
+    from triton_mla_sparse.ops.indexer.heuristics import IndexerConfig
+    from triton_mla_sparse.ops.indexer.launch import launch_mqa_logits
+
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(2, 128).to(dev)
+    H = 16
+    q = torch.zeros(256, H, D, device=dev)
+    d = torch.arange(128, device=dev)
+    q[d, 0, d], q[128 + d, 0, d] = 1.0, -1.0
+    w = torch.zeros(256, H, device=dev)
+    w[:, 0] = 1.0
+    ks = torch.zeros(256, dtype=torch.int32, device=dev)
+    ke = torch.full((256,), 2, dtype=torch.int32, device=dev)
+    out = torch.full((256, 2), -7.0, device=dev)
+    cfg = IndexerConfig(rows=8, block_n=16, chunk=16, num_warps=4, num_stages=1)
+    launch_mqa_logits(q, codes, torch.ones(2, device=dev), w, ks, ke, out, True, False, cfg)
+    val = codes.view(torch.float8_e4m3fn).float()
+    want = torch.cat([val.T.relu(), (-val.T).relu()])
+    ok = torch.isfinite(want)
+    return int((out[ok] != want[ok]).sum())
+
+
 def main() -> int:
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9):
         print("needs an sm89+ GPU")
@@ -65,48 +90,50 @@ def main() -> int:
     codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
     want = codes.view(torch.float8_e4m3fn).float()
     finite_codes = codes[torch.isfinite(want)]
-    # tile [N, D]: the first COLS columns cycle through every finite code, the rest zeros
-    tile = torch.zeros(N, D, dtype=torch.uint8)
-    tile[:, :COLS] = finite_codes.repeat(N * COLS // finite_codes.numel() + 1)[: N * COLS].view(
-        N, COLS
-    )
-    tile_want = tile[:, :COLS].view(torch.float8_e4m3fn).float()
+    # tiles [rows, D]: the first COLS columns cycle through every finite code, the rest zeros
     q = torch.zeros(D, COLS)
     q[torch.arange(COLS), torch.arange(COLS)] = 1.0
     print(f"torch {torch.__version__}, triton {triton.__version__}, {torch.cuda.get_device_name()}")
     bad = 0
-    for name, dtype in (("fp16", tl.float16), ("bf16", tl.bfloat16), ("fp32", tl.float32)):
-        for via in (False, True):
-            if via and name == "fp16":
-                continue
-            label = f"e4m3 -> {'fp16 -> ' if via else ''}{name}"
-            out = torch.empty(256, device=dev)
-            _elementwise[(1,)](codes.to(dev), out, DTYPE=dtype, VIA_FP16=via)
-            got = out.cpu()
-            ok_e = torch.equal(got.nan_to_num(1234.5), want.nan_to_num(1234.5))
-            n_e = int((got.nan_to_num(1234.5) != want.nan_to_num(1234.5)).sum())
-            for prec in ("ieee", "tf32") if name == "fp32" else ("tf32",):
-                s = torch.empty(N, COLS, device=dev)
-                _as_dot_operand[(1,)](
-                    tile.to(dev),
-                    q.to(dev),
-                    s,
-                    DTYPE=dtype,
-                    VIA_FP16=via,
-                    PRECISION=prec,
-                    N=N,
-                    D=D,
-                    COLS=COLS,
-                )
-                got_d = s.cpu()
-                n_d = int((got_d != tile_want).sum())
-                sample = got_d.flatten()[:4].tolist()
-                bad += (n_e > 0) + (n_d > 0)
-                print(
-                    f"{label:<22s} elementwise {'ok' if ok_e else f'{n_e}/256 wrong'}; "
-                    f"as dot operand ({prec}) "
-                    f"{'ok' if n_d == 0 else f'{n_d}/{N * COLS} wrong, first {sample}'}"
-                )
+    for n_rows in TILE_ROWS:
+        tile = torch.zeros(n_rows, D, dtype=torch.uint8)
+        cyc = finite_codes.repeat(n_rows * COLS // finite_codes.numel() + 1)[: n_rows * COLS]
+        tile[:, :COLS] = cyc.view(n_rows, COLS)
+        tile_want = tile[:, :COLS].view(torch.float8_e4m3fn).float()
+        for name, dtype in (("fp16", tl.float16), ("bf16", tl.bfloat16), ("fp32", tl.float32)):
+            for via in (False, True):
+                if via and name == "fp16":
+                    continue
+                label = f"e4m3 -> {'fp16 -> ' if via else ''}{name}"
+                out = torch.empty(256, device=dev)
+                _elementwise[(1,)](codes.to(dev), out, DTYPE=dtype, VIA_FP16=via)
+                got = out.cpu()
+                n_e = int((got.nan_to_num(1234.5) != want.nan_to_num(1234.5)).sum())
+                for prec in ("ieee", "tf32") if name == "fp32" else ("tf32",):
+                    s = torch.empty(n_rows, COLS, device=dev)
+                    _as_dot_operand[(1,)](
+                        tile.to(dev),
+                        q.to(dev),
+                        s,
+                        DTYPE=dtype,
+                        VIA_FP16=via,
+                        PRECISION=prec,
+                        N=n_rows,
+                        D=D,
+                        COLS=COLS,
+                        num_warps=4,
+                    )
+                    got_d = s.cpu()
+                    n_d = int((got_d != tile_want).sum())
+                    bad += (n_e > 0) + (n_d > 0)
+                    print(
+                        f"{label:<22s} elementwise {'ok' if n_e == 0 else f'{n_e}/256 wrong'}; "
+                        f"{n_rows}-row dot operand ({prec}) "
+                        f"{'ok' if n_d == 0 else f'{n_d}/{n_rows * COLS} wrong, first {got_d.flatten()[:4].tolist()}'}"
+                    )
+    n_ix = indexer_native_fp32(dev)
+    print(f"indexer prefill kernel, float32 q, native decode: {n_ix}/508 code values wrong")
+    bad += n_ix > 0
     print("RESULT:", "PASS" if bad == 0 else f"FAIL ({bad} variants wrong)")
     return 1 if bad else 0
 

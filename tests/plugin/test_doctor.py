@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import require_vllm
 
-pytest.importorskip("vllm", reason="vllm is not installed (CI installs vllm==0.33.0)")
+require_vllm()
 pytestmark = pytest.mark.vllm
 
 from triton_mla_sparse.cli import doctor  # noqa: E402

@@ -14,8 +14,9 @@ import types
 
 import pytest
 import torch
+from conftest import require_vllm
 
-pytest.importorskip("vllm", reason="vllm is not installed (CI installs vllm==0.33.0)")
+require_vllm()
 pytestmark = pytest.mark.vllm
 
 from flashmla_fake import FakeOps  # noqa: E402

@@ -13,14 +13,15 @@ from types import SimpleNamespace as NS
 
 import pytest
 import torch
+from conftest import require_vllm
 
-pytest.importorskip("vllm", reason="vllm is not installed (CI installs vllm==0.33.0)")
+require_vllm()
 pytestmark = pytest.mark.vllm
-
-from cpu_vllm import common_metadata, cpu_vllm_config, mla_sparse_impl  # noqa: E402
 
 from triton_mla_sparse.kv_format import pack_fp8_ds_mla, quantize_fp8  # noqa: E402
 from triton_mla_sparse.reference import sparse_mla_reference  # noqa: E402
+
+from .cpu_vllm import common_metadata, cpu_vllm_config, mla_sparse_impl  # noqa: E402
 
 HEADS = 16
 BLOCK = 64

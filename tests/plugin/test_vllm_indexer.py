@@ -20,8 +20,9 @@ from types import SimpleNamespace as NS
 
 import pytest
 import torch
+from conftest import require_vllm
 
-pytest.importorskip("vllm", reason="vllm is not installed (CI installs vllm==0.33.0)")
+require_vllm()
 pytestmark = pytest.mark.vllm
 
 import vllm.model_executor.layers.sparse_attn_indexer as sai  # noqa: E402

@@ -15,8 +15,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import require_vllm
 
-pytest.importorskip("vllm", reason="vllm is not installed (CI installs vllm==0.33.0)")
+require_vllm()
 pytestmark = pytest.mark.vllm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

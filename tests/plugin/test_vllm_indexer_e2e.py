@@ -15,20 +15,21 @@ from types import SimpleNamespace as NS
 
 import pytest
 import torch
+from conftest import require_vllm
 
-pytest.importorskip("vllm", reason="vllm is not installed (CI installs vllm==0.33.0)")
+require_vllm()
 pytestmark = pytest.mark.vllm
-
-from cpu_vllm import common_metadata, cpu_vllm_config, mla_sparse_impl  # noqa: E402
-from test_vllm_indexer_glue import (  # noqa: E402
-    cp_gather_indexer_k_quant_cache,
-    top_k_per_row_decode,
-    top_k_per_row_prefill,
-)
 
 from triton_mla_sparse.kv_format import quantize_indexer_k, write_indexer_cache  # noqa: E402
 from triton_mla_sparse.reference import rope_reference  # noqa: E402
 from triton_mla_sparse.vllm_plugin import indexer as inst  # noqa: E402
+
+from .cpu_vllm import common_metadata, cpu_vllm_config, mla_sparse_impl  # noqa: E402
+from .test_vllm_indexer_glue import (  # noqa: E402
+    cp_gather_indexer_k_quant_cache,
+    top_k_per_row_decode,
+    top_k_per_row_prefill,
+)
 
 HEADS, IH, ID = 16, 8, 128  # attention heads per rank; index heads, index head dim
 BLOCK, NUM_BLOCKS = 64, 12

@@ -8,8 +8,9 @@ import pickle
 from importlib import metadata
 
 import pytest
+from conftest import require_vllm
 
-pytest.importorskip("vllm", reason="vllm is not installed (CI installs vllm==0.33.0)")
+require_vllm()
 pytestmark = pytest.mark.vllm
 
 import triton_mla_sparse.vllm_plugin as plugin  # noqa: E402
@@ -106,9 +107,10 @@ def test_config_round_trips_into_spawned_worker():
     Also shows why the CUSTOM slot is used: a member added with AttentionBackendEnum.register()
     does not unpickle there, because unpickling precedes plugin loading.
     """
-    import _spawn_child
     from vllm.config import AttentionConfig, DeviceConfig, VllmConfig
     from vllm.v1.attention.backends.registry import AttentionBackendEnum as E
+
+    from . import _spawn_child
 
     plugin.register()
     config = VllmConfig(
