@@ -129,17 +129,7 @@ def _flags(q: torch.Tensor, cfg: IndexerConfig) -> tuple[bool, bool]:
             f"config.fp8_native=True needs hardware e4m3 conversion (CUDA sm89+); {arch.backend} "
             f"{arch.cc} decodes e4m3 with integer arithmetic (leave fp8_native None or False)"
         )
-    if q.dtype == torch.float32 and cfg.fp8_native:
-        raise ValueError(
-            f"config.fp8_native=True is not offered for float32 q ({_shape(q)}): float32 q reads "
-            "e4m3 K through the exact integer decode (leave fp8_native None or False)"
-        )
-    # float32 q: the integer decode, on every target. Native e4m3 -> float32 as the operand of
-    # the float32 dot returned zeros on sm90 under Triton 3.6 (tools/fp8_convert_probe.py), and
-    # float32 q is the exact path, not the fast one.
-    native = False if q.dtype == torch.float32 else arch.fp8_native
-    if cfg.fp8_native is not None:
-        native = cfg.fp8_native
+    native = arch.fp8_native if cfg.fp8_native is None else cfg.fp8_native
     q_fp8 = q.dtype in _E4M3_DTYPES
     if cfg.fp8_mma and not (q_fp8 and native):
         raise ValueError(
