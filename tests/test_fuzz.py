@@ -3,7 +3,7 @@
 Each case draws a format, q dtype, latent and rope widths, token / head / top-k counts, a flat or
 paged cache (any page size), raw indices over [-3, N + 3) or request-local positions through a
 random block table (with -1 entries, any block size), optional valid_counts, a tensor or float
-k_scale, q as one tensor or a (latent, rope) tuple, and half the time an explicit KernelConfig
+k_scale, q as one tensor or a (latent, rope) tuple, an attention sink, and half the time an explicit KernelConfig
 (block sizes, warps, stages, split count, fp8 decode, MMA type, step-ahead or staged loops where
 the family has them). out is a view into a NaN-poisoned wider buffer: every output element must
 be written and nothing past it. It found the merge writing past narrow outputs (PERFORMANCE.md
@@ -87,6 +87,10 @@ def draw(rng: random.Random, g: torch.Generator) -> dict:
         )
     kw["config"] = cfg
     tuple_q = rope > 0 and rng.random() < 0.3
+    if rng.random() < 0.3:  # an attention sink, now and then -inf or +inf for one head
+        sink = torch.randn(H, generator=g) * 3
+        sink[rng.randrange(H)] = rng.choice([float("-inf"), float("inf"), 0.0])
+        kw["attn_sink"] = sink
     return dict(q=q, cache=cache, idx=idx, kw=kw, tuple_q=tuple_q, dt=dt, lat=lat)
 
 

@@ -846,3 +846,68 @@ def test_row_offsets_past_2_31(fmt):
     ref_o, ref_l = reference(q, cache[-tail:], local, kv_format=fmt)
     out, lse = sparse_mla(q, cache, idx, return_lse=True, kv_format=fmt)
     assert_matches(out, lse, ref_o, ref_l, dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# attention sink
+
+
+def sinks(h: int, g: torch.Generator) -> torch.Tensor:
+    """float32 [h]: random sinks around the logits' scale, and (h >= 3) -inf and +inf heads."""
+    s = torch.randn(h, generator=g) * 2.0
+    if h >= 3:
+        s[1], s[2] = float("-inf"), float("inf")
+    return s.to(DEVICE)
+
+
+@pytest.mark.parametrize("dtype", DTYPE_PARAMS)
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("splits", SPLITS)
+@pytest.mark.parametrize("heads", [5, 64])
+def test_attention_sink(dtype, fmt, splits, heads):
+    """attn_sink adds e^{sink_h} to each head's denominator: random sinks, a -inf head (no
+    effect) and a +inf head (zero output), tokens with holes and an empty token (zeros), single
+    pass and split-K (the merge adds the sink once). The LSE does not include the sink."""
+    fmt, native = fmt
+    g = gen(71 + heads + splits)
+    t, n, w = 5, size(300, 4096), size(150, 2048)
+    q = randn(t, heads, D, g=g, dtype=dtype)
+    cache, fkw = make_cache(randn(n, D, g=g), fmt, dtype)
+    idx = holes_indices(w, n, 7, g)[:t]  # front, middle, end holes, out of range, none valid
+    counts = torch.tensor([w, w, 0, w // 2, 1], dtype=torch.int32, device=DEVICE)
+    sink = sinks(heads, g)
+    cfg = config_for(t, heads, w, dtype, fmt, native, splits)
+    kw = dict(valid_counts=counts, attn_sink=sink)
+    out, lse, ref_out, ref_lse = run_case(q, cache, idx, dtype, fkw, cfg, **kw)
+    assert (out[:, 2] == 0).all(), "a +inf sink takes all the weight"
+    for empty in (2, 4):  # count 0; no valid index
+        assert (out[empty] == 0).all() and torch.isneginf(lse[empty]).all()
+    # the sink changes the output, not the LSE: the same call without it has the same LSE; and
+    # a -inf sink is no sink
+    plain, lse_plain = sparse_mla(
+        q, cache, idx, return_lse=True, config=cfg, valid_counts=counts, **fkw
+    )
+    torch.testing.assert_close(lse, lse_plain, rtol=1e-6, atol=1e-6)
+    tol = RTOL[dtype]
+    torch.testing.assert_close(out[:, 1].float(), plain[:, 1].float(), rtol=tol, atol=tol)
+
+
+def test_attention_sink_equals_an_extra_row():
+    """A sink equals one more key whose logit is the sink and whose value row is zero: checked
+    against the reference computed that way, independent of the sink code path."""
+    dtype = torch.float32
+    g = gen(5)
+    t, h, n, w = 3, 4, 64, 16
+    q = randn(t, h, D, g=g, dtype=dtype)
+    rows = randn(n, D, g=g)
+    idx = rand_indices(t, w, n, g)
+    sink = torch.randn(h, generator=g).to(DEVICE)
+    out = sparse_mla(q, rows, idx, 0.05, attn_sink=sink)
+    # per head: an extra row k* with 0.05 * q . k* = sink_h needs its own key per head, so
+    # compute the extended softmax directly in float64
+    qd, kd = q.double(), rows.double()
+    s = torch.einsum("thd,twd->thw", qd, kd[idx.long()]) * 0.05
+    s = torch.cat([s, sink.double()[None, :, None].expand(t, h, 1)], dim=-1)
+    p = torch.softmax(s, dim=-1)[..., :-1]
+    want = torch.einsum("thw,twd->thd", p, kd[idx.long()][..., :L])
+    torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-6)

@@ -259,6 +259,18 @@ CASES = {
         ValueError,
         ["k_scale"],
     ),
+    "sink-not-tensor": (dict(attn_sink=[0.0] * H), TypeError, ["attn_sink", "list"]),
+    "sink-dtype": (
+        dict(attn_sink=torch.zeros(H, dtype=torch.float16, device=DEVICE)),
+        TypeError,
+        ["attn_sink", "float16"],
+    ),
+    "sink-shape": (
+        dict(attn_sink=torch.zeros(H + 1, device=DEVICE)),
+        ValueError,
+        ["attn_sink", f"[H={H}]", f"({H + 1},)"],
+    ),
+    "sink-2d": (dict(attn_sink=torch.zeros(1, H, device=DEVICE)), ValueError, ["attn_sink"]),
 }
 
 
@@ -288,6 +300,11 @@ def test_softmax_scale_numbers_accepted(scale):
     """Any finite Python or NumPy real number passes validation (and reaches the launch)."""
     with pytest.raises(AssertionError, match="launched a kernel"):
         sparse_mla(**good(softmax_scale=scale))
+
+
+def test_attn_sink_any_stride_accepted():
+    with pytest.raises(AssertionError, match="launched a kernel"):
+        sparse_mla(**good(attn_sink=torch.zeros(2 * H, device=DEVICE)[::2]))
 
 
 def test_k_scale_numpy_accepted():

@@ -305,6 +305,7 @@ def run_flashmla(
             inp.scale,
             case.kv_format,
             valid_counts=inp.kwargs.get("valid_counts"),
+            attn_sink=inp.kwargs.get("attn_sink"),
         )
         res.call = call.label
         out = call.run()  # also computes the fp8 decode's scheduler metadata, untimed

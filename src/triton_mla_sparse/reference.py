@@ -62,6 +62,7 @@ def sparse_mla_reference(
     block_size: int | None = None,
     kv_format: str = "auto",
     k_scale: float | torch.Tensor | None = None,
+    attn_sink: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     return_lse: bool = False,
     config: KernelConfig | None = None,
@@ -103,7 +104,10 @@ def sparse_mla_reference(
         p = torch.exp(s - m)
         den = p.sum(dim=-1, keepdim=True)
         o = torch.einsum("chw,cwd->chd", p, k[..., :kv_lora_rank])
-        res[sl] = torch.where(den > 0, o / den.clamp_min(1e-300), torch.zeros_like(o))
+        norm = den
+        if attn_sink is not None:  # one more term, no value row; not part of the LSE
+            norm = den + torch.exp(attn_sink.to(compute_dtype)[None, :, None] - m)
+        res[sl] = torch.where(norm > 0, o / norm.clamp_min(1e-300), torch.zeros_like(o))
         lse[sl] = torch.where(
             den[..., 0] > 0,
             m[..., 0] + torch.log(den[..., 0]),

@@ -27,6 +27,7 @@ class Case:
     rope: int = 64
     holes: bool = False  # -1 padding: a leading run on token 0, tail padding elsewhere
     counts: bool = False  # pass valid_counts (garbage past the count)
+    sink: bool = False  # a per-head attention sink (HY V4, DeepSeek-V4)
 
     @property
     def decode(self) -> bool:
@@ -80,6 +81,9 @@ def make_inputs(case: Case, device: torch.device, seed: int = 0) -> Inputs:
         )
         counts[0] = case.topk
         kwargs["valid_counts"] = counts
+    if case.sink:
+        # around the logits' own scale (|s| of a few units), so that it moves the output
+        kwargs["attn_sink"] = torch.randn(case.heads, device=device, generator=gen) * 2.0
     return Inputs(q, kv, idx, kwargs, scale=width**-0.5)
 
 
@@ -95,6 +99,7 @@ def verify_cases(on_gpu: bool) -> list[Case]:
             Case("DSV3.2 decode, fp8_ds_mla", 64, 128, kv_format="fp8_ds_mla", holes=True),
             Case("decode, fp8 per-tensor", 64, 16, kv_format="fp8", holes=True),
             Case("NoPE decode, 16 heads", 32, 16, rope=0, holes=True),
+            Case("decode with attention sink, 16 heads", 64, 16, holes=True, sink=True),
         ]
     small = dict(topk=400, rows=4096, dtype=torch.float16)
     return [
@@ -103,4 +108,5 @@ def verify_cases(on_gpu: bool) -> list[Case]:
         Case("prefill chunk, 64 heads (reduced)", 4, 64, holes=True, **small),
         Case("fp8_ds_mla decode (reduced)", 2, 16, kv_format="fp8_ds_mla", holes=True, **small),
         Case("fp8 per-tensor decode (reduced)", 2, 8, kv_format="fp8", holes=True, **small),
+        Case("decode with attention sink (reduced)", 2, 16, holes=True, sink=True, **small),
     ]

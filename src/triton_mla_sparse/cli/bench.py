@@ -61,6 +61,12 @@ def add_args(p: argparse.ArgumentParser) -> None:
         "--prefill-heads", default="16,64,128", type=ints, help="prefill head counts (T=4096)"
     )
     p.add_argument("--no-prefill", action="store_true", help="skip the prefill shapes")
+    p.add_argument(
+        "--sink",
+        action="store_true",
+        help="give every case a per-head attention sink (HY V4 / DeepSeek-V4 style); "
+        "with --compare flashmla FlashMLA gets the same sink",
+    )
     p.add_argument("--reference", action="store_true", help="also time the PyTorch reference")
     p.add_argument("--json", metavar="PATH", help="write results and environment as JSON")
     p.add_argument("--csv", metavar="PATH", help="write results as CSV")
@@ -127,10 +133,12 @@ def main(args: argparse.Namespace) -> int:
     for fmt in args.formats:
         for h in args.heads:
             for t in args.decode:
-                cases.append(Case(f"decode T={t} H={h}", t, h, kv_format=fmt))
+                name = f"decode T={t} H={h}" + (" sink" if args.sink else "")
+                cases.append(Case(name, t, h, kv_format=fmt, sink=args.sink))
         if not args.no_prefill:
             for h in args.prefill_heads:
-                cases.append(Case(f"prefill T=4096 H={h}", 4096, h, rows=65536, kv_format=fmt))
+                name = f"prefill T=4096 H={h}" + (" sink" if args.sink else "")
+                cases.append(Case(name, 4096, h, rows=65536, kv_format=fmt, sink=args.sink))
     results, failed, peers = [], 0, {}
     for case in cases:
         prepared = prepare(case, device) if fmla is not None else None

@@ -244,9 +244,11 @@ def prepare_call(
     softmax_scale: float,
     kv_format: str,
     valid_counts: torch.Tensor | None = None,
+    attn_sink: torch.Tensor | None = None,
 ) -> PeerCall:
     """The FlashMLA call vLLM 0.33 makes for these inputs (bf16 ``"auto"`` cache: sparse_fwd;
-    ``"fp8_ds_mla"``: the fp8 sparse decode), with its inputs laid out and padded.
+    ``"fp8_ds_mla"``: the fp8 sparse decode), with its inputs laid out and padded. Both take
+    ``attn_sink`` float32 ``[H]`` (padded heads get -inf: no effect; their rows are dropped).
 
     ``q`` bf16 ``[T, H, 576]``, ``H`` in 1..128; ``indices`` int32 ``[T, W]`` flat cache rows;
     ``kv_cache`` as :func:`sparse_fwd_kv` / :func:`ds_mla_pages` take it; ``fmla`` the module
@@ -266,13 +268,22 @@ def prepare_call(
             f"{tuple(indices.shape)}"
         )
     if kv_format == "auto":
-        return _sparse_fwd_call(fmla, q, kv_cache, indices, softmax_scale, valid_counts)
+        return _sparse_fwd_call(fmla, q, kv_cache, indices, softmax_scale, valid_counts, attn_sink)
     if kv_format == "fp8_ds_mla":
-        return _fp8_decode_call(fmla, q, kv_cache, indices, softmax_scale, valid_counts)
+        return _fp8_decode_call(fmla, q, kv_cache, indices, softmax_scale, valid_counts, attn_sink)
     raise ValueError(f"kv_format must be 'auto' or 'fp8_ds_mla' for FlashMLA, got {kv_format!r}")
 
 
-def _sparse_fwd_call(fmla, q, kv_cache, indices, scale, valid_counts) -> PeerCall:
+def _sink_kwargs(attn_sink: torch.Tensor | None, heads: int) -> dict:
+    """FlashMLA's ``attn_sink`` for ``heads`` padded heads (none when there is no sink)."""
+    if attn_sink is None:
+        return {}
+    pad = torch.full((heads,), float("-inf"), dtype=torch.float32, device=attn_sink.device)
+    pad[: attn_sink.shape[0]] = attn_sink
+    return {"attn_sink": pad}
+
+
+def _sparse_fwd_call(fmla, q, kv_cache, indices, scale, valid_counts, attn_sink) -> PeerCall:
     if kv_cache.dtype != torch.bfloat16:
         raise TypeError(f"a bf16 ('auto') kv_cache must be torch.bfloat16, got {kv_cache.dtype}")
     t, h = q.shape[0], q.shape[1]
@@ -281,9 +292,12 @@ def _sparse_fwd_call(fmla, q, kv_cache, indices, scale, valid_counts) -> PeerCal
     idx, lengths = compacted_indices(indices, kv.shape[0], valid_counts)
     idx = idx.view(t, 1, -1)
     qp = pad_heads(q, hp)
+    sink = _sink_kwargs(attn_sink, hp)
 
     def run() -> torch.Tensor:
-        out, _max_logits, _lse = fmla.flash_mla_sparse_fwd(qp, kv, idx, scale, topk_length=lengths)
+        out, _max_logits, _lse = fmla.flash_mla_sparse_fwd(
+            qp, kv, idx, scale, topk_length=lengths, **sink
+        )
         return out[:, :h]
 
     args = {
@@ -292,11 +306,12 @@ def _sparse_fwd_call(fmla, q, kv_cache, indices, scale, valid_counts) -> PeerCal
         "indices": describe(idx),
         "sm_scale": repr(scale),
         "topk_length": describe(lengths),
+        **{k: describe(v) for k, v in sink.items()},
     }
     return PeerCall("flash_mla_sparse_fwd", f"sparse_fwd h{hp}", args, run)
 
 
-def _fp8_decode_call(fmla, q, kv_cache, indices, scale, valid_counts) -> PeerCall:
+def _fp8_decode_call(fmla, q, kv_cache, indices, scale, valid_counts, attn_sink) -> PeerCall:
     t, h = q.shape[0], q.shape[1]
     hp = fp8_decode_heads(h)
     b, s = fp8_decode_layout(t, h)
@@ -307,6 +322,7 @@ def _fp8_decode_call(fmla, q, kv_cache, indices, scale, valid_counts) -> PeerCal
     block_table = torch.zeros(b, 1, dtype=torch.int32, device=q.device)
     cache_seqlens = torch.full((b,), rows, dtype=torch.int32, device=q.device)
     sched_meta, _ = fmla.get_mla_metadata()
+    sink = _sink_kwargs(attn_sink, hp)
 
     def run() -> torch.Tensor:
         out, _lse = fmla.flash_mla_with_kvcache(
@@ -319,6 +335,7 @@ def _fp8_decode_call(fmla, q, kv_cache, indices, scale, valid_counts) -> PeerCal
             is_fp8_kvcache=True,
             indices=idx,
             softmax_scale=scale,
+            **sink,
         )
         return out[0, :, :h] if b == 1 else out[:, 0, :h]
 
@@ -331,5 +348,6 @@ def _fp8_decode_call(fmla, q, kv_cache, indices, scale, valid_counts) -> PeerCal
         "is_fp8_kvcache": "True",
         "indices": describe(idx),
         "softmax_scale": repr(scale),
+        **{k: describe(v) for k, v in sink.items()},
     }
     return PeerCall("flash_mla_with_kvcache", f"kvcache fp8 h{hp} b{b}xs{s}", args, run)

@@ -145,6 +145,7 @@ class _Call:
     k_scale_ptr: torch.Tensor | None
     k_scale_val: float
     softmax_scale: float
+    attn_sink: torch.Tensor | None
 
 
 def _checked(
@@ -160,6 +161,7 @@ def _checked(
     block_size: int | None = None,
     kv_format: str = "auto",
     k_scale: float | torch.Tensor | None = None,
+    attn_sink: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     return_lse: bool = False,
     config: KernelConfig | None = None,
@@ -260,6 +262,17 @@ def _checked(
             k_scale_ptr = k_scale
         else:
             k_scale_val = _real_number("k_scale", k_scale)
+    if attn_sink is not None:
+        if not isinstance(attn_sink, torch.Tensor):
+            raise TypeError(
+                f"attn_sink must be a float32 tensor [H] or None, got {_shape(attn_sink)}"
+            )
+        if attn_sink.dtype != torch.float32:
+            raise TypeError(f"attn_sink must be float32 [H={H}], got {_shape(attn_sink)}")
+        if tuple(attn_sink.shape) != (H,):
+            raise ValueError(f"attn_sink must be [H={H}] (q {q_desc}), got {_shape(attn_sink)}")
+        if attn_sink.device != device:
+            raise ValueError(f"attn_sink must be on {device} like q, got {_shape(attn_sink)}")
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(L + R)
     else:
@@ -289,6 +302,7 @@ def _checked(
             block_size=block_size if has_bt else None,
             k_scale_tensor=k_scale_ptr is not None,
             store_lse=return_lse,
+            has_sink=attn_sink is not None,
             config=config,
         )
     if kv_cache.dtype == torch.float8_e4m3fn:
@@ -308,6 +322,7 @@ def _checked(
         k_scale_ptr,
         k_scale_val,
         softmax_scale,
+        attn_sink,
     )
 
 
@@ -324,6 +339,7 @@ def sparse_mla(
     block_size: int | None = None,
     kv_format: str = "auto",
     k_scale: float | torch.Tensor | None = None,
+    attn_sink: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     return_lse: bool = False,
     config: KernelConfig | None = None,
@@ -359,6 +375,12 @@ def sparse_mla(
         kv_format: ``"auto"``, ``"fp8"`` or ``"fp8_ds_mla"``.
         k_scale: per-tensor dequantization scale for ``"fp8"`` (float or 0-d/1-element float32
             tensor on q's device, the latter for CUDA graphs); default 1.
+        attn_sink: optional float32 ``[H]`` on q's device, any stride: a per-head attention
+            sink (HY V4, DeepSeek-V4, gpt-oss style), one more term in each softmax
+            denominator with no value row: ``out = sum_j e^{s_j} v_j / (sum_j e^{s_j} +
+            e^{attn_sink[h]})`` with ``s_j = softmax_scale * q . k_j`` (natural-log units). It
+            is read on the device (CUDA-graph safe). ``-inf`` has no effect, ``+inf`` gives a
+            zero output; the returned LSE does not include it.
         out: optional ``[T, H, L]`` tensor in q's dtype to write into (any strides).
         return_lse: also return the natural-log log-sum-exp ``[T, H]`` (float32).
         config: optional :class:`KernelConfig` overriding the heuristic launch configuration
@@ -366,7 +388,7 @@ def sparse_mla(
 
     Returns:
         ``out [T, H, L]`` in q's dtype, and ``lse [T, H]`` with ``return_lse=True``. A token with
-        no valid index gets zeros and LSE ``-inf``.
+        no valid index gets zeros and LSE ``-inf`` (with or without a sink).
 
     Raises:
         TypeError: an argument of the wrong type or dtype (a tensor's dtype, a non-tensor where a
@@ -387,6 +409,7 @@ def sparse_mla(
         block_size=block_size,
         kv_format=kv_format,
         k_scale=k_scale,
+        attn_sink=attn_sink,
         out=out,
         return_lse=return_lse,
         config=config,
@@ -414,6 +437,7 @@ def sparse_mla(
         out,
         lse,
         c.softmax_scale,
+        c.attn_sink,
     )
     return (out, lse) if return_lse else out
 
@@ -431,6 +455,7 @@ def sparse_mla_plan(
     block_size: int | None = None,
     kv_format: str = "auto",
     k_scale: float | torch.Tensor | None = None,
+    attn_sink: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     return_lse: bool = False,
     config: KernelConfig | None = None,
@@ -453,6 +478,7 @@ def sparse_mla_plan(
         block_size=block_size,
         kv_format=kv_format,
         k_scale=k_scale,
+        attn_sink=attn_sink,
         out=out,
         return_lse=return_lse,
         config=config,

@@ -41,6 +41,7 @@ def launch_sparse_mla(
     out: torch.Tensor,
     lse: torch.Tensor | None,
     softmax_scale: float,
+    attn_sink: torch.Tensor | None = None,
 ) -> None:
     T, H, _ = q_lat.shape
     W = indices.shape[1]
@@ -53,6 +54,8 @@ def launch_sparse_mla(
     else:
         o_part = lse_part = dummy
     bt = block_table if block_table is not None else dummy
+    sink = attn_sink if attn_sink is not None else dummy
+    s_sink = attn_sink.stride(0) if attn_sink is not None else 0
     cfg = plan.config
     FORWARD[plan.family][plan.grid](
         q_lat,
@@ -67,6 +70,7 @@ def launch_sparse_mla(
         lse if lse is not None else dummy,
         o_part,
         lse_part,
+        sink,
         softmax_scale,
         k_scale_val,
         H,
@@ -89,6 +93,7 @@ def launch_sparse_mla(
         plan.bt_block_size,
         bt.shape[1] if block_table is not None else 0,
         *out.stride(),
+        s_sink,
         **plan.constexprs,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
@@ -100,9 +105,11 @@ def launch_sparse_mla(
             lse_part,
             out,
             lse if lse is not None else dummy,
+            sink,
             H,
             cfg.num_splits,
             *out.stride(),
+            s_sink,
             **m.constexprs,
             num_warps=m.num_warps,
             **({"launch_pdl": True} if m.pdl else {}),

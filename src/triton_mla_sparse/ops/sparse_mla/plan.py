@@ -98,11 +98,12 @@ def make_plan(
     block_size: int | None = None,
     k_scale_tensor: bool = False,
     store_lse: bool = False,
+    has_sink: bool = False,
     config: KernelConfig | None = None,
 ) -> LaunchPlan:
     """The plan of one call with ``num_tokens`` >= 1 tokens of ``num_heads`` heads, q widths
     ``latent`` + ``rope``, top-k ``width``; ``block_size`` given when indices go through a block
-    table; ``on_gpu`` False under Triton's interpreter (no programmatic dependent launch)."""
+    table; ``has_sink`` with an attention-sink tensor; ``on_gpu`` False under Triton's interpreter (no programmatic dependent launch)."""
     if num_tokens < 1:
         raise ValueError(f"a plan needs at least one token, got num_tokens={num_tokens}")
     family = FAMILY_OF[kv_format]
@@ -140,6 +141,7 @@ def make_plan(
         STORE_LSE=store_lse,
         DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32",
         PDL=pdl,
+        HAS_SINK=has_sink,
     )
     if family == LATENT:
         constexprs = dict(
@@ -158,7 +160,14 @@ def make_plan(
         block_l = min(latent, max(64, 4096 // s_pad))
         merge = MergePlan(
             grid=(num_tokens * num_heads, -(-latent // block_l)),
-            constexprs=dict(L=latent, S_PAD=s_pad, BLOCK_L=block_l, STORE_LSE=store_lse, PDL=pdl),
+            constexprs=dict(
+                L=latent,
+                S_PAD=s_pad,
+                BLOCK_L=block_l,
+                STORE_LSE=store_lse,
+                PDL=pdl,
+                HAS_SINK=has_sink,
+            ),
             num_warps=4,
             pdl=pdl,
         )

@@ -12,6 +12,7 @@ import triton.language as tl
 from ...common import _e4m3_to
 from .shared import (
     _head_offsets,
+    _inv_denominator_with_sink,
     _load_idx,
     _load_q_rope,
     _out_rows,
@@ -84,6 +85,7 @@ def sparse_mla_ds_mla_fwd_kernel(
     Lse,  # fp32 [T, H] (STORE_LSE)
     OPart,  # fp32 [T, S, H, L] (SPLIT)
     LsePart,  # fp32 [T, S, H] (SPLIT)
+    Sink,  # fp32 [H], any stride (HAS_SINK)
     sm_scale,
     k_scale_val,  # unused
     H,
@@ -113,6 +115,7 @@ def sparse_mla_ds_mla_fwd_kernel(
     stride_ot,
     stride_oh,
     stride_od,
+    stride_sink,
     L: tl.constexpr,
     R: tl.constexpr,
     BLOCK_H: tl.constexpr,
@@ -128,6 +131,7 @@ def sparse_mla_ds_mla_fwd_kernel(
     STORE_LSE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     PDL: tl.constexpr,
+    HAS_SINK: tl.constexpr,
 ):
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()  # as in latent.py
@@ -209,6 +213,8 @@ def sparse_mla_ds_mla_fwd_kernel(
     # normalise; an empty (t, split) gives zeros and LSE -inf
     b_nonempty = b_l > 0.0
     b_inv = 1.0 / tl.where(b_nonempty, b_l, 1.0)
+    if HAS_SINK and not SPLIT:  # a split's partial leaves the sink to the merge
+        b_inv = _inv_denominator_with_sink(Sink, stride_sink, o_h, m_h, b_l, b_m, LOG2E)
     b_inv = b_inv * b_ref
     b_lse = tl.where(
         b_nonempty, (b_m + tl.log2(tl.where(b_nonempty, b_l, 1.0))) / LOG2E, float("-inf")

@@ -10,16 +10,19 @@ def sparse_mla_merge_kernel(
     LsePart,  # fp32 [T, S, H]
     Out,  # [T, H, L]
     Lse,  # fp32 [T, H]
+    Sink,  # fp32 [H], any stride (HAS_SINK)
     H,
     num_splits,
     stride_ot,
     stride_oh,
     stride_od,
+    stride_sink,
     L: tl.constexpr,
     S_PAD: tl.constexpr,
     BLOCK_L: tl.constexpr,
     STORE_LSE: tl.constexpr,
     PDL: tl.constexpr,
+    HAS_SINK: tl.constexpr,
 ):
     if PDL:
         tl.extra.cuda.gdc_wait()  # launched early (programmatic dependent): wait for the split pass
@@ -39,7 +42,14 @@ def sparse_mla_merge_kernel(
     b_w = tl.exp(b_lse - b_max_use)  # empty splits (LSE -inf) weigh 0
     b_den = tl.sum(b_w, 0)
     b_o = tl.load(OPart + o_row[:, None] * L + o_l[None, :], mask=m_s[:, None], other=0.0)
-    b_out = tl.sum(b_w[:, None] * b_o, 0) / tl.where(b_den > 0.0, b_den, 1.0)
+    if HAS_SINK:
+        # the attention sink, once for all splits: one more denominator term e^(sink - max),
+        # in the LSEs' natural-log units (measured from 0 when every split is empty)
+        b_sink = tl.load(Sink + i_h * stride_sink).to(tl.float32)
+        b_norm = b_den + tl.exp(b_sink - b_max_use)
+        b_out = tl.sum(b_w[:, None] * b_o, 0) / tl.where(b_norm > 0.0, b_norm, 1.0)
+    else:
+        b_out = tl.sum(b_w[:, None] * b_o, 0) / tl.where(b_den > 0.0, b_den, 1.0)
     tl.store(
         Out + i_t * stride_ot + i_h * stride_oh + o_l * stride_od, b_out.to(Out.dtype.element_ty)
     )

@@ -160,3 +160,16 @@ def _store_lse(
         tl.store(LsePart + i_ts.to(tl.int64) * H + o_h, b_lse, mask=m_h)
     elif STORE_LSE:
         tl.store(Lse + i_t * H + o_h, b_lse, mask=m_h)
+
+
+@triton.jit
+def _inv_denominator_with_sink(Sink, stride_sink, o_h, m_h, b_l, b_m, LOG2E: tl.constexpr):
+    # 1 / (l + e^(sink_h - m)) per head row: the attention sink is one more softmax term with no
+    # value row (natural-log units; l and m in the kernel's log2 units). An empty row keeps
+    # m = -inf: measure the sink from 0 there, as the running sum does, so that a finite sink
+    # gives zeros and a -inf sink no -inf - -inf. 0 where the denominator is 0 or inf (a +inf
+    # sink: zero output).
+    b_sink = tl.load(Sink + o_h * stride_sink, mask=m_h, other=float("-inf")).to(tl.float32)
+    b_m_use = tl.where(b_m == float("-inf"), 0.0, b_m)
+    b_den = b_l + tl.exp2(b_sink * LOG2E - b_m_use)
+    return tl.where(b_den > 0.0, 1.0 / tl.where(b_den > 0.0, b_den, 1.0), 0.0)
