@@ -39,7 +39,8 @@ measured. Every run records a SHA-256 of the weights right after loading; a comp
 runs whose weights differ fails.
 
 Output: one row per case and comparison in a table printed last, ``DIR/results.json`` (every
-summary), ``DIR/cases/<case>.json`` (a case's raw outputs) and ``DIR/logs/<case>.log``. Exit
+summary), ``DIR/cases/<case>.json`` (a case's raw outputs), ``DIR/logs/<case>.log``,
+``DIR/models/`` (the configs) and ``DIR/site/`` (the stand-in dist-infos, if any). Exit
 status 0 only if every gating comparison passed and no case failed; 1 otherwise; 2 without a
 CUDA GPU; 3 if ``--time-budget`` left cases for a later ``--resume``.
 The time per output token is the mean decode time between a request's first and last token
@@ -66,9 +67,9 @@ import math
 import os
 import random
 import re
+import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import traceback
 import zlib
@@ -1567,7 +1568,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         vllm_stand_in = _vllm_version_from_source(probe["vllm_dir"])
         if vllm_stand_in is None:
             print("vllm_e2e: vllm has no dist-info and no readable _version.py", file=sys.stderr)
-    site = Path(tempfile.mkdtemp(prefix="vllm_e2e_site_"))
+    site = out / "site"  # on the children's PYTHONPATH: stand-in dist-infos only
+    shutil.rmtree(site, ignore_errors=True)
     stand_ins = write_dist_infos(
         site, plugin=need_plugin_ep, hooks=True, vllm_version=vllm_stand_in
     )
