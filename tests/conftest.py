@@ -44,3 +44,24 @@ def require_vllm() -> None:
         metadata.version("vllm")
     except metadata.PackageNotFoundError:
         pytest.skip("vllm is not installed (CI installs vllm==0.33.0)", allow_module_level=True)
+
+
+def toolchain_missing(arch: str) -> str | None:
+    """Why the installed Triton cannot compile for ``arch`` ("cuda:90", "hip:gfx942"), or None.
+
+    A Triton unpacked without its AMD backend or without ``ptxas-blackwell`` (sm100+) cannot
+    build for those targets; the compile tests skip them there, naming what is missing."""
+    from triton.backends import backends
+
+    kind, _, cc = arch.partition(":")
+    name = "nvidia" if kind == "cuda" else "amd"
+    if name not in backends:
+        return f"this Triton build has no {name} backend (triton/backends/{name})"
+    if kind == "cuda":
+        from triton.backends.nvidia.compiler import get_ptxas
+
+        try:
+            get_ptxas(int(cc)).path  # noqa: B018 (resolving the path is the check)
+        except Exception as e:  # the tool's lookup raises when the binary is absent
+            return f"this Triton build has no ptxas for sm_{cc} ({type(e).__name__}: {e})"
+    return None

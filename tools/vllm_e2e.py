@@ -1081,7 +1081,7 @@ def detect_gpu(env: dict[str, str]) -> tuple[str, tuple[int, int]] | None:
     """(name, capability) of GPU 0 as the children's PyTorch sees it, or None."""
     probe = (
         "import torch; p = torch.cuda.get_device_properties(0); "
-        "print(p.name, '|', p.major, p.minor, sep='')"
+        "print(p.name, '|', p.major, ' ', p.minor, sep='')"
     )
     out = subprocess.run(
         [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300
