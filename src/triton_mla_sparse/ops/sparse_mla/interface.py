@@ -8,7 +8,13 @@ import numbers
 
 import torch
 
-from ...kv_format import DS_MLA_LATENT, DS_MLA_ROPE, DS_MLA_ROW_BYTES, KV_FORMATS
+from ...kv_format import (
+    DS_MLA_LATENT,
+    DS_MLA_ROPE,
+    DS_MLA_ROW_BYTES,
+    KV_FORMATS,
+    REFERENCE_ONLY_KV_FORMATS,
+)
 from ..host import check_runs_here, interpreter_on
 from ..host import describe as _shape
 from ..host import is_pow2 as _is_pow2
@@ -112,6 +118,13 @@ def _check_int32(name: str, x: torch.Tensor | None, ndim: int, device: torch.dev
 def _resolve_format(kv_format: str, kv_cache: torch.Tensor, q_dtype: torch.dtype) -> str:
     if not isinstance(kv_format, str):
         raise TypeError(f"kv_format must be a str, one of {KV_FORMATS}, got {kv_format!r}")
+    if kv_format in REFERENCE_ONLY_KV_FORMATS:
+        # a layout kv_format.py packs and the reference reads, with no kernel path yet
+        raise ValueError(
+            f"kv_format={kv_format!r} is not read by the sparse_mla kernel yet (only by "
+            "triton_mla_sparse.reference.sparse_mla_reference through kv_format.dequantize_cache); "
+            f"the kernel reads kv_format one of {KV_FORMATS}"
+        )
     if kv_format not in KV_FORMATS:
         raise ValueError(f"kv_format must be one of {KV_FORMATS}, got {kv_format!r}")
     if kv_format == "auto":
