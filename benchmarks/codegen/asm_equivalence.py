@@ -42,6 +42,8 @@ def _compile_test():
     import importlib.util
 
     path = ROOT / "tests" / "test_compile.py"
+    if str(path.parent) not in sys.path:  # it imports its folder's conftest, as under pytest
+        sys.path.insert(0, str(path.parent))
     spec = importlib.util.spec_from_file_location("tms_compile_test", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
