@@ -259,6 +259,21 @@ CASES = {
         ValueError,
         ["k_scale"],
     ),
+    "k-scale-negative": (
+        dict(kv_cache=u8(N, L + R), kv_format="fp8", k_scale=-0.5),
+        ValueError,
+        ["k_scale", "positive", "-0.5"],
+    ),
+    "k-scale-zero": (
+        dict(kv_cache=u8(N, L + R), kv_format="fp8", k_scale=0),
+        ValueError,
+        ["k_scale"],
+    ),
+    "q-list-of-tensors": (
+        dict(q=[torch.zeros(T, H, L, device=DEVICE), torch.zeros(T, H, R, device=DEVICE)]),
+        TypeError,
+        ["q", "tuple", "list"],
+    ),
     "sink-not-tensor": (dict(attn_sink=[0.0] * H), TypeError, ["attn_sink", "list"]),
     "sink-dtype": (
         dict(attn_sink=torch.zeros(H, dtype=torch.float16, device=DEVICE)),

@@ -49,7 +49,12 @@ def _describe_q(q: object) -> str:
 def _split_q(
     q: torch.Tensor | tuple[torch.Tensor, torch.Tensor], kv_lora_rank: int
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    if isinstance(q, (tuple, list)):
+    if isinstance(q, list):
+        raise TypeError(
+            "q must be a tensor [T, H, D] or a tuple (q_latent [T, H, L], q_rope [T, H, R]), "
+            f"got a list of {len(q)} elements"
+        )
+    if isinstance(q, tuple):
         if len(q) != 2:
             raise ValueError(
                 "q as a tuple must be (q_latent [T, H, L], q_rope [T, H, R]), "
@@ -275,6 +280,10 @@ def _checked(
             k_scale_ptr = k_scale
         else:
             k_scale_val = _real_number("k_scale", k_scale)
+            if k_scale_val <= 0.0:
+                raise ValueError(
+                    f"k_scale must be positive (a dequantization scale), got {k_scale!r}"
+                )
     if attn_sink is not None:
         if not isinstance(attn_sink, torch.Tensor):
             raise TypeError(
