@@ -28,7 +28,18 @@ plugin's own graphs-off run; also CUDA graphs on against off for the same backen
 prefix-cache and block-reuse runs against the plain run. Greedy tokens are compared up to the
 first divergence; a divergence counts against the case only where the reference's top-1 margin
 exceeds the tolerance (``TOL``; below it the two kernels legitimately break a near-tie apart).
-Why ``TOL`` and ``OUTLIER_FRACTION`` have their values: see their comments.
+Why ``TOL`` and ``OUTLIER_FRACTION`` have their values: see their comments. Positions over the
+tolerance are also counted apart below and past ``index_topk`` (``INDEX_TOPK``).
+
+The layer check (plugin cases; ``--no-layer-check`` turns it off). End-to-end logprobs cannot
+tell a wrong kernel from one that rounds differently, so the case process wraps the plugin impl's
+``_forward_mqa_kernel`` and, for the first ``--layer-check-calls`` calls of the workload (after
+the engine's start-up; calls during CUDA-graph capture are skipped and replayed graphs never reach
+Python), recomputes the call with ``sparse_mla_reference`` in float64 on the GPU on the same
+inputs (at most 64 sampled tokens with a valid index; only the cache rows they select). Each
+call's errors go to ``info.layer_check``; a relative Frobenius error over the tests' tolerance for
+the output dtype (bf16: 1e-2), a non-finite output or an LSE error over ``LAYER_LSE_ATOL`` fails
+the case (column "kernel vs fp64").
 
 The dummy weights are vLLM's dummy loader's, redrawn per tensor as U(-a, a) with
 a = gain * sqrt(3 / fan_in) from a seed and the tensor's name (:func:`rescale_dummy_weights`).
