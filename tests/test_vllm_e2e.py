@@ -568,3 +568,142 @@ def test_time_budget_leaves_cases_for_resume(tmp_path, monkeypatch, capsys):
     assert e2e.main([*argv, "--time-budget", "90"]) == 3
     assert len(calls) == 1 and "PENDING" in capsys.readouterr().out
     assert e2e.main([*argv, "--resume"]) == 0 and len(calls) == 7
+
+
+# ---------------------------------------------------------------------------------------------
+# The layer check (kernel vs float64 reference) and the split at the top-k
+
+
+def _layer_inputs(fmt="auto", t=80, h=4, w=32, n=200, seed=0):
+    """A kernel call's inputs as vLLM passes them: the (ql_nope, q_pe) tuple in bf16, a 2-D flat
+    row cache, physical rows with the valid ones first (then -1) and per-token valid counts."""
+    from triton_mla_sparse.kv_format import pack_fp8_ds_mla
+
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(t, h, 576, generator=g).to(torch.bfloat16)
+    vals = torch.randn(n, 576, generator=g)
+    rows = pack_fp8_ds_mla(vals) if fmt == "fp8_ds_mla" else vals.to(torch.bfloat16)
+    counts = torch.randint(0, w + 1, (t,), generator=g)
+    counts[:3] = 0  # tokens with nothing to attend to
+    idx = torch.full((t, w), -1, dtype=torch.int32)
+    for i in range(t):
+        idx[i, : counts[i]] = torch.randperm(n, generator=g)[: counts[i]].int()
+    return (q[..., :512], q[..., 512:]), rows, idx, counts.int()
+
+
+def _ref(q, rows, idx, counts, fmt, dtype=torch.float64):
+    from triton_mla_sparse.reference import sparse_mla_reference
+
+    qq = (q[0].to(dtype), q[1].to(dtype))
+    return sparse_mla_reference(
+        qq, rows, idx, 0.1, valid_counts=counts, kv_format=fmt, return_lse=True, compute_dtype=dtype
+    )
+
+
+@pytest.mark.parametrize("fmt", ["auto", "fp8_ds_mla"])
+def test_layer_check_compare_exact_and_perturbed(fmt):
+    q, rows, idx, counts = _layer_inputs(fmt)
+    ref, ref_lse = _ref(q, rows, idx, counts, fmt)
+    kw = dict(scale=0.1, kv_lora_rank=512, kv_format=fmt, is_decode=True)
+    # the float64 reference itself as the kernel's output: error 0 (the check gathers only the
+    # rows the sampled tokens select, which must not change the result)
+    rec = e2e.layer_check_compare(q, rows, idx, counts, ref, ref_lse, **kw)
+    assert rec["ok"] and rec["rel_err"] < 1e-12 and rec["max_abs_err"] < 1e-12
+    assert rec["lse_err"] < 1e-5 and rec["nonfinite"] == 0
+    assert rec["T"] == 80 and rec["H"] == 4 and rec["topk"] == 32 and rec["kv_format"] == fmt
+    assert rec["is_decode"] and rec["empty_tokens"] >= 3 and rec["empty_max_abs"] == 0.0
+    assert rec["tokens_with_valid"] > 64 and rec["tokens_checked"] == 64  # sampled
+    # rounded to the model dtype: within bf16's tolerance
+    rec = e2e.layer_check_compare(q, rows, idx, counts, ref.to(torch.bfloat16), None, **kw)
+    assert rec["ok"] and 1e-5 < rec["rel_err"] < 5e-3 and rec["lse_err"] is None
+    assert rec["rtol"] == 1e-2 and rec["out_dtype"] == "torch.bfloat16"
+    # 3 % noise on every sampled and unsampled token: over the tolerance
+    g = torch.Generator().manual_seed(1)
+    bad = (ref + 0.03 * ref.std() * torch.randn(ref.shape, generator=g, dtype=ref.dtype)).to(
+        torch.bfloat16
+    )
+    rec = e2e.layer_check_compare(q, rows, idx, counts, bad, None, **kw)
+    assert not rec["ok"] and 2e-2 < rec["rel_err"] < 5e-2
+    assert "relative error" in rec["reasons"][0]
+    # a wrong LSE, and a non-finite output
+    rec = e2e.layer_check_compare(q, rows, idx, counts, ref, ref_lse + 0.1, **kw)
+    assert not rec["ok"] and abs(rec["lse_err"] - 0.1) < 1e-6
+    nan = ref.clone()
+    nan[5, 0, 0] = float("nan")
+    rec = e2e.layer_check_compare(q, rows, idx, counts, nan, None, **kw)
+    assert not rec["ok"] and rec["nonfinite"] == 1
+
+
+def test_layer_check_wrapper_records_the_first_calls():
+    q, rows, idx, counts = _layer_inputs(t=10)
+
+    class FakeImpl:
+        scale, kv_lora_rank, kv_format = 0.1, 512, "auto"
+
+        def _forward_mqa_kernel(
+            self, q, kv_cache, topk_indices, valid_counts, *, layer, block_size, is_decode
+        ):
+            out, _ = _ref(q, kv_cache, topk_indices, valid_counts, "auto", torch.float32)
+            return out.to(torch.bfloat16), None
+
+    sink: list = []
+    state = e2e.install_layer_check(FakeImpl, 2, sink)
+    impl, layer = FakeImpl(), type("L", (), {"layer_name": "model.layers.0.attn"})()
+    call = dict(layer=layer, block_size=64, is_decode=False)
+    impl._forward_mqa_kernel(q, rows, idx, counts, **call)  # not armed: engine start-up
+    state["armed"] = True
+    for _ in range(3):
+        out, lse = impl._forward_mqa_kernel(q, rows, idx, counts, **call)
+    assert out.shape == (10, 4, 512) and lse is None
+    assert state["skipped_unarmed"] == 1 and state["errors"] == []
+    assert len(sink) == 2 and all(r["ok"] for r in sink)
+    assert sink[0]["layer"] == "model.layers.0.attn" and not sink[0]["is_decode"]
+    cell, reasons = e2e.layer_check_summary({"enabled": True, "calls": sink})
+    assert cell.endswith("PASS") and reasons == []
+
+
+def test_layer_check_failure_fails_the_case():
+    settings = e2e.Settings()
+    sel = e2e.select_cases(["deepseek_v32"], None, False, ["plugin-bf16"])
+    ids = {c.name: e2e.case_id(f, h, c.name) for f, h, c in sel}
+    good = _req([-1.0] * 100, [3, 4])
+    results = {ids[n]: _result(good) for n in ids}
+    calls = [{"ok": True, "rel_err": 3e-3, "reasons": []}]
+    results[ids["plugin-bf16"]]["info"]["layer_check"] = {"enabled": True, "calls": calls}
+    rows, recs, ok = e2e.evaluate(sel, results, {}, settings)
+    (row,) = [r for r in rows if r["case"] == ids["plugin-bf16"]]
+    assert ok and row["kernel vs fp64"] == "3.00e-03 PASS" and row["status"].startswith("PASS")
+    assert {r["kernel vs fp64"] for r in rows if r["case"] != ids["plugin-bf16"]} == {"-"}
+    calls.append({"ok": False, "rel_err": 0.2, "reasons": ["relative error 0.2 > 0.01"]})
+    rows, recs, ok = e2e.evaluate(sel, results, {}, settings)
+    (row,) = [r for r in rows if r["case"] == ids["plugin-bf16"]]
+    assert not ok and row["kernel vs fp64"] == "2.00e-01 FAIL"
+    assert row["status"].startswith("FAIL: layer check: 1/2 kernel calls off")
+    assert any(r["kind"] == "layer_check" and r["status"] == "fail" for r in recs)
+    # enabled, but no call reached the wrapper: fails too
+    results[ids["plugin-bf16"]]["info"]["layer_check"] = {"enabled": True, "calls": []}
+    assert not e2e.evaluate(sel, results, {}, settings)[2]
+    assert e2e.layer_check_summary({"enabled": False, "calls": []}) == ("-", [])
+
+
+def test_over_tolerance_counts_split_at_the_top_k():
+    n = 3000
+    ref_lps = [-1.0] * (n - 1)
+    got_lps = list(ref_lps)
+    for i in (5, 100, 2048):  # sequence index i: context of i tokens fits in the top-k 2048
+        got_lps[i - 1] -= 0.2
+    for i in (2049, 2500, 2999):
+        got_lps[i - 1] -= 0.2
+    ref = [_req(ref_lps, [3, 4]), _req([-1.0] * 9, [3])]
+    got = [_req(got_lps, [3, 4], lp=-1.3), _req([-1.0] * 9, [3], lp=-1.3)]
+    agr = e2e.compare_requests(ref, got, e2e.TOL)
+    assert agr.prompt_over == 6 and agr.prompt_n == n - 1 + 9
+    assert agr.prompt_over_below_topk == 3 and agr.prompt_over_from_topk == 3
+    assert agr.prompt_n_below_topk == 2048 + 9
+    # continuation: the long request's tokens come past the top-k, the short one's below
+    assert agr.cont_over == 3 and agr.cont_over_from_topk == 2 and agr.cont_over_below_topk == 1
+    assert agr.cont_n_below_topk == 1
+    merged = e2e.merge_agreements([agr, agr])
+    assert merged.prompt_over_from_topk == 6 and merged.cont_over_below_topk == 2
+    row = e2e.table_row("c", e2e.PLUGIN, "fp8_ds_mla", True, "flashmla-fp8", agr)
+    assert row[">tol <|>= top-k"] == "4|5" and row["kernel vs fp64"] == "-"

@@ -28,7 +28,18 @@ plugin's own graphs-off run; also CUDA graphs on against off for the same backen
 prefix-cache and block-reuse runs against the plain run. Greedy tokens are compared up to the
 first divergence; a divergence counts against the case only where the reference's top-1 margin
 exceeds the tolerance (``TOL``; below it the two kernels legitimately break a near-tie apart).
-Why ``TOL`` and ``OUTLIER_FRACTION`` have their values: see their comments.
+Why ``TOL`` and ``OUTLIER_FRACTION`` have their values: see their comments. Positions over the
+tolerance are also counted apart below and past ``index_topk`` (``INDEX_TOPK``).
+
+The layer check (plugin cases; ``--no-layer-check`` turns it off). End-to-end logprobs cannot
+tell a wrong kernel from one that rounds differently, so the case process wraps the plugin impl's
+``_forward_mqa_kernel`` and, for the first ``--layer-check-calls`` calls of the workload (after
+the engine's start-up; calls during CUDA-graph capture are skipped and replayed graphs never reach
+Python), recomputes the call with ``sparse_mla_reference`` in float64 on the GPU on the same
+inputs (at most 64 sampled tokens with a valid index; only the cache rows they select). Each
+call's errors go to ``info.layer_check``; a relative Frobenius error over the tests' tolerance for
+the output dtype (bf16: 1e-2), a non-finite output or an LSE error over ``LAYER_LSE_ATOL`` fails
+the case (column "kernel vs fp64").
 
 The dummy weights are vLLM's dummy loader's, redrawn per tensor as U(-a, a) with
 a = gain * sqrt(3 / fan_in) from a seed and the tensor's name (:func:`rescale_dummy_weights`).
@@ -85,6 +96,7 @@ FLASHMLA = "FLASHMLA_SPARSE"
 PLUGIN_IMPL = "TritonMLASparseImpl"
 FLASHMLA_IMPL = "FlashMLASparseImpl"
 BLOCK_SIZE = 64  # what every CUDA sparse MLA backend and the DSA indexer cache use
+INDEX_TOPK = 2048  # the tiny models' index_topk, as in both real checkpoints
 
 # Logprob tolerance in nats between two attention kernels reading the same cache bytes with the
 # same indexer. The model is bf16 end to end: both kernels accumulate in fp32 but round their
@@ -239,7 +251,7 @@ def write_tiny_config(
         # The lightning indexer (DSA), as in the checkpoint.
         "index_n_heads": f.index_n_heads,
         "index_head_dim": 128,
-        "index_topk": 2048,
+        "index_topk": INDEX_TOPK,
         # MoE: one dense layer, then MoE layers with small experts. n_group = topk_group = 1
         # (GLM-5's values) keeps the router valid for 8 experts (grouped top-k needs more
         # experts than groups: fused_moe/router/grouped_topk_router.py:298-305).
@@ -773,11 +785,29 @@ def _run_case(spec: dict[str, Any], result: dict[str, Any]) -> None:
     props = torch.cuda.get_device_properties(0)
     info["device"] = {"name": props.name, "capability": [props.major, props.minor]}
 
+    # The layer check: the plugin kernel's first calls of the workload (not the engine's
+    # profiling and capture runs) against the float64 reference on the same tensors.
+    lc_calls = int(spec.get("layer_check_calls") or 0)
+    lc_state = None
+    if spec["backend"] == PLUGIN and lc_calls > 0:
+        lc: dict[str, Any] = {"enabled": True, "max_calls": lc_calls, "calls": []}
+        info["layer_check"] = lc
+        if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0":
+            from triton_mla_sparse.vllm_plugin.backend import TritonMLASparseImpl
+
+            lc["max_tokens_per_call"] = LAYER_CHECK_TOKENS
+            lc["compute_dtype"] = "float64 (on the GPU; the cache dequantized in float32)"
+            lc_state = install_layer_check(TritonMLASparseImpl, lc_calls, lc["calls"])
+        else:
+            lc.update(enabled=False, note="the engine runs in another process (--multiproc)")
+
     kwargs = llm_kwargs(spec)
     info["llm_kwargs"] = {k: v for k, v in kwargs.items() if k != "model"}
     t0 = time.perf_counter()
     llm = LLM(**kwargs)
     info["init_s"] = time.perf_counter() - t0
+    if lc_state is not None:
+        lc_state["armed"] = True
 
     # What vLLM actually built, so that a silently different backend or path cannot pass.
     import vllm_e2e  # this file, by module name: picklable for --multiproc workers
@@ -823,6 +853,12 @@ def _run_case(spec: dict[str, Any], result: dict[str, Any]) -> None:
         for k in range(2, s["reuse_rounds"] + 1):
             runs[f"round{k}"] = _run(llm, prompts, with_plp)
     result["runs"] = runs
+    if lc_state is not None:
+        info["layer_check"].update(
+            {k: v for k, v in lc_state.items() if k != "armed"},
+            ok=bool(info["layer_check"]["calls"])
+            and all(r.get("ok") for r in info["layer_check"]["calls"]),
+        )
     info["preemptions"] = sum(
         r["preemptions"] or 0 for run in runs.values() for r in run["requests"]
     )
@@ -866,6 +902,206 @@ def child_main(spec_path: str, out_path: str) -> NoReturn:
 
 
 # ---------------------------------------------------------------------------------------------
+# Layer check: the plugin kernel against the float64 reference on the engine's own tensors
+
+LAYER_CHECK_CALLS = 8  # kernel calls checked per case (--layer-check-calls)
+LAYER_CHECK_TOKENS = 64  # tokens of a call the reference recomputes (sampled evenly)
+# tests/test_sparse_mla.py's RTOL (relative Frobenius error of the output) and LSE_ATOL, keyed by
+# the output dtype (the model dtype: bf16 here). fp8 caches use the same bound: the reference
+# reads the same bytes, dequantized in float32.
+LAYER_RTOL = {"torch.bfloat16": 1e-2, "torch.float16": 2e-3, "torch.float32": 1e-5}
+LAYER_LSE_ATOL = {"torch.bfloat16": 1e-2, "torch.float16": 1e-3, "torch.float32": 1e-5}
+
+
+def layer_check_compare(
+    q: Any,
+    rows: Any,
+    topk_indices: Any,
+    valid_counts: Any,
+    out: Any,
+    lse: Any = None,
+    *,
+    scale: float,
+    kv_lora_rank: int,
+    kv_format: str,
+    k_scale: Any = None,
+    is_decode: bool = False,
+    max_tokens: int = LAYER_CHECK_TOKENS,
+    compute_dtype: Any = None,
+) -> dict[str, Any]:
+    """One kernel call's output ``out`` (and ``lse``) against ``sparse_mla_reference`` on the same
+    inputs, as ``_forward_mqa_kernel`` passes them to ``sparse_mla``: ``q`` the (ql_nope, q_pe)
+    tuple (or one tensor), ``rows`` the 2-D flat row view of the cache, ``topk_indices`` physical
+    flat rows with ``valid_counts``. The reference runs in ``compute_dtype`` (float64 default) on
+    at most ``max_tokens`` tokens that have a valid index (evenly spaced; the kernel computes each
+    token independently), on only the cache rows they select (the whole cache as floats would
+    not fit). Returns a JSON-able record; ``ok`` against :data:`LAYER_RTOL` / ``LAYER_LSE_ATOL``."""
+    import torch
+
+    from triton_mla_sparse.reference import physical_rows, sparse_mla_reference
+
+    cd = torch.float64 if compute_dtype is None else compute_dtype
+    if isinstance(q, tuple):
+        q_nope, q_pe = q
+    else:
+        q_nope, q_pe = q[..., :kv_lora_rank], q[..., kv_lora_rank:]
+    t, h = q_nope.shape[0], q_nope.shape[1]
+    width = topk_indices.shape[-1]
+    dtype = str(out.dtype)
+    rec: dict[str, Any] = {
+        "is_decode": bool(is_decode),
+        "T": int(t),
+        "H": int(h),
+        "topk": int(width),
+        "kv_format": kv_format,
+        "out_dtype": dtype,
+        "compute_dtype": str(cd),
+        "nonfinite": int((~torch.isfinite(out)).sum().item()),
+    }
+    _, valid = physical_rows(topk_indices, rows.shape[0], valid_counts)
+    has = valid.any(dim=1)
+    cand = torch.nonzero(has).flatten()
+    rec["tokens_with_valid"] = int(cand.numel())
+    empty = ~has
+    rec["empty_tokens"] = int(empty.sum().item())
+    rec["empty_max_abs"] = float(out[empty].abs().max().item()) if rec["empty_tokens"] else 0.0
+    if cand.numel() > max_tokens:
+        pick = torch.linspace(0, cand.numel() - 1, max_tokens, device=cand.device).round().long()
+        cand = cand[pick]
+    rec["tokens_checked"] = int(cand.numel())
+    if cand.numel() == 0:
+        rec.update(rel_err=0.0, max_abs_err=0.0, lse_err=None)
+    else:
+        idx = topk_indices[cand]
+        vc = valid_counts[cand] if valid_counts is not None else None
+        ridx, ok = physical_rows(idx, rows.shape[0], vc)
+        used, inv = torch.unique(ridx[ok], return_inverse=True)
+        local = torch.full_like(ridx, -1)
+        local[ok] = inv
+        qs = (q_nope[cand].to(cd), q_pe[cand].to(cd))
+        ref, ref_lse = sparse_mla_reference(
+            qs,  # in compute_dtype, so that the result is not rounded to the model dtype
+            rows[used],
+            local,
+            scale,
+            kv_lora_rank=kv_lora_rank,
+            valid_counts=vc,
+            kv_format=kv_format,
+            k_scale=k_scale,
+            return_lse=True,
+            compute_dtype=cd,
+            token_chunk=16,
+        )
+        o = out[cand].to(cd)
+        diff = o - ref
+        rec["rel_err"] = float((diff.norm() / ref.norm().clamp_min(1e-30)).item())
+        rec["max_abs_err"] = float(diff.abs().max().item())
+        rec["ref_max_abs"] = float(ref.abs().max().item())
+        rec["lse_err"] = None
+        if lse is not None:
+            ls, rl = lse[cand].to(cd), ref_lse.to(cd)
+            fin = torch.isfinite(rl)
+            rec["lse_err"] = float((ls[fin] - rl[fin]).abs().max().item()) if fin.any() else 0.0
+    rtol = LAYER_RTOL.get(dtype, 1e-2)
+    latol = LAYER_LSE_ATOL.get(dtype, 1e-2)
+    reasons = []
+    if rec["nonfinite"]:
+        reasons.append(f"{rec['nonfinite']} non-finite outputs")
+    if not rec["rel_err"] <= rtol:  # NaN fails too
+        reasons.append(f"relative error {rec['rel_err']:.3g} > {rtol:g}")
+    if rec["lse_err"] is not None and not rec["lse_err"] <= latol:
+        reasons.append(f"LSE error {rec['lse_err']:.3g} > {latol:g}")
+    rec["rtol"] = rtol
+    rec["ok"] = not reasons
+    rec["reasons"] = reasons
+    return rec
+
+
+def install_layer_check(impl_cls: Any, calls: int, sink: list[dict[str, Any]]) -> dict[str, Any]:
+    """Wrap ``impl_cls._forward_mqa_kernel``: after each real call, while ``state["armed"]`` and
+    fewer than ``calls`` records are in ``sink``, append :func:`layer_check_compare`'s record of
+    it. Calls during CUDA-graph capture are counted, not checked (the reference syncs); replayed
+    graphs do not reach Python, so what is checked is the eagerly run steps (mixed prefill and
+    decode batches). Returns the state (``armed``, ``skipped_unarmed``, ``skipped_capture``,
+    ``errors``)."""
+    import torch
+
+    state: dict[str, Any] = {
+        "armed": False,
+        "skipped_unarmed": 0,
+        "skipped_capture": 0,
+        "errors": [],
+    }
+    real = impl_cls._forward_mqa_kernel
+
+    def wrapped(self, q, kv_cache, topk_indices, valid_counts, *, layer, block_size, is_decode):
+        res = real(
+            self,
+            q,
+            kv_cache,
+            topk_indices,
+            valid_counts,
+            layer=layer,
+            block_size=block_size,
+            is_decode=is_decode,
+        )
+        if len(sink) >= calls:
+            return res
+        if not state["armed"]:
+            state["skipped_unarmed"] += 1
+            return res
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            state["skipped_capture"] += 1
+            return res
+        try:
+            from vllm.v1.attention.backends.mla.sparse_utils import flat_kv_row_view
+
+            rows = kv_cache if kv_cache.dim() == 2 else flat_kv_row_view(kv_cache, block_size)[0]
+            out, lse = res
+            rec = layer_check_compare(
+                q,
+                rows,
+                topk_indices,
+                valid_counts,
+                out,
+                lse,
+                scale=self.scale,
+                kv_lora_rank=self.kv_lora_rank,
+                kv_format=self.kv_format,
+                k_scale=layer._k_scale if self.kv_format == "fp8" else None,
+                is_decode=is_decode,
+            )
+            rec["layer"] = str(getattr(layer, "layer_name", ""))
+            sink.append(rec)
+        except Exception as e:  # recorded: the case's layer check then fails
+            state["errors"].append(f"{type(e).__name__}: {e}"[:500])
+            sink.append({"ok": False, "reasons": [f"reference failed: {type(e).__name__}: {e}"]})
+        return res
+
+    wrapped.__wrapped__ = real  # type: ignore[attr-defined]
+    impl_cls._forward_mqa_kernel = wrapped
+    return state
+
+
+def layer_check_summary(lc: dict[str, Any] | None) -> tuple[str, list[str]]:
+    """The table cell ("kernel vs fp64") and failure reasons of a case's ``info.layer_check``."""
+    if not lc or not lc.get("enabled"):
+        return "-", []
+    recs = lc.get("calls") or []
+    reasons: list[str] = []
+    if not recs:
+        reasons.append("layer check recorded no kernel call")
+    bad = [r for r in recs if not r.get("ok")]
+    if bad:
+        reasons.append(f"{len(bad)}/{len(recs)} kernel calls off: " + "; ".join(bad[0]["reasons"]))
+    errs = [r["rel_err"] for r in recs if r.get("rel_err") is not None]
+    worst = max(errs, key=lambda e: math.inf if math.isnan(e) else e) if errs else None
+    cell = "-" if worst is None else f"{worst:.2e}"
+    cell += " FAIL" if reasons else " PASS"
+    return cell, reasons
+
+
+# ---------------------------------------------------------------------------------------------
 # Comparison
 
 
@@ -889,6 +1125,15 @@ class Agreement:
     tok_unchecked: int = 0  # positions after a divergence (other context: not comparable)
     length_mismatch: int = 0
     bitwise: bool = True  # every compared logprob and token identical
+    # Positions over tol split at the top-k: a logprob of sequence token i comes from the query
+    # at i - 1, whose context (i tokens) the indexer keeps whole while i <= index_topk ("below");
+    # past that the top-k selection amplifies small differences ("from": at/after the top-k).
+    prompt_n_below_topk: int = 0
+    prompt_over_below_topk: int = 0
+    prompt_over_from_topk: int = 0
+    cont_n_below_topk: int = 0
+    cont_over_below_topk: int = 0
+    cont_over_from_topk: int = 0
 
 
 def _delta(a: float | None, b: float | None) -> float | None:
@@ -907,23 +1152,32 @@ def _margin(top: Sequence[Sequence[float]]) -> float:
 
 
 def compare_requests(
-    ref: Sequence[dict[str, Any]], got: Sequence[dict[str, Any]], tol: float
+    ref: Sequence[dict[str, Any]],
+    got: Sequence[dict[str, Any]],
+    tol: float,
+    topk: int = INDEX_TOPK,
 ) -> Agreement:
     """Compare per-request outputs (as the case process records them) with a reference's."""
     agr = Agreement()
     pd: list[float] = []
     cd: list[float] = []
+    p_below: list[bool] = []  # per entry of pd / cd: the query's context fits in the top-k
+    c_below: list[bool] = []
     if len(ref) != len(got):
         agr.length_mismatch += abs(len(ref) - len(got))
     for r, g in zip(ref, got):
         if r["prompt_lps"] is not None and g["prompt_lps"] is not None:
             if len(r["prompt_lps"]) != len(g["prompt_lps"]):
                 agr.length_mismatch += 1
-            for a, b in zip(r["prompt_lps"], g["prompt_lps"]):
+            for i, (a, b) in enumerate(zip(r["prompt_lps"], g["prompt_lps"])):
                 d = _delta(a, b)
                 if d is not None:
                     pd.append(d)
+                    p_below.append(i <= topk)
                     agr.bitwise &= a == b
+        plen = r.get("prompt_len")
+        if plen is None:
+            plen = len(r["prompt_lps"] or [])
         if len(r["tokens"]) != len(g["tokens"]):
             agr.length_mismatch += 1
         for j, (rt, gt) in enumerate(zip(r["tokens"], g["tokens"])):
@@ -934,6 +1188,7 @@ def compare_requests(
                 d = _delta(rtop.get(rt), gtop.get(gt))
                 if d is not None:
                     cd.append(d)
+                    c_below.append(plen + j <= topk)
                     agr.bitwise &= rtop.get(rt) == gtop.get(gt)
                 continue
             agr.bitwise = False
@@ -944,6 +1199,7 @@ def compare_requests(
                 d = _delta(rtop.get(rt), gtop.get(rt))
                 if d is not None:
                     cd.append(d)
+                    c_below.append(plen + j <= topk)
             agr.tok_unchecked += len(r["tokens"]) - j - 1
             break
     agr.nonfinite = sum(1 for d in pd + cd if not math.isfinite(d))
@@ -956,6 +1212,12 @@ def compare_requests(
     if cd:
         agr.cont_n, agr.cont_max = len(cd), max(cd)
         agr.cont_over = sum(1 for x in cd if x > tol)
+    agr.prompt_n_below_topk = sum(p_below)
+    agr.prompt_over_below_topk = sum(1 for x, b in zip(pd, p_below) if b and x > tol)
+    agr.prompt_over_from_topk = sum(1 for x, b in zip(pd, p_below) if not b and x > tol)
+    agr.cont_n_below_topk = sum(c_below)
+    agr.cont_over_below_topk = sum(1 for x, b in zip(cd, c_below) if b and x > tol)
+    agr.cont_over_from_topk = sum(1 for x, b in zip(cd, c_below) if not b and x > tol)
     return agr
 
 
@@ -1031,8 +1293,10 @@ def table_row(
     agr: Agreement | None = None,
     ms_per_token: float | None = None,
     status: str = "",
+    layer: str = "-",
 ) -> dict[str, str]:
-    """One row of the final table as strings (``agr`` None: no comparison)."""
+    """One row of the final table as strings (``agr`` None: no comparison; ``layer``: the
+    case's layer-check cell, :func:`layer_check_summary`)."""
     return {
         "case": case,
         "backend": {PLUGIN: "plugin", FLASHMLA: "FlashMLA"}.get(backend, backend),
@@ -1050,6 +1314,11 @@ def table_row(
         else f"{agr.tok_agree}/{agr.tok_compared}"
         + (f" t{agr.tok_ties}" if agr.tok_ties else "")
         + (f" x{agr.tok_hard}" if agr.tok_hard else ""),
+        ">tol <|>= top-k": "-"
+        if agr is None
+        else f"{agr.prompt_over_below_topk + agr.cont_over_below_topk}|"
+        f"{agr.prompt_over_from_topk + agr.cont_over_from_topk}",
+        "kernel vs fp64": layer,
         "ms/tok": "-" if ms_per_token is None else f"{ms_per_token:.2f}",
         "status": status,
     }
@@ -1066,7 +1335,10 @@ def format_table(rows: Sequence[dict[str, str]]) -> str:
     out += ["  ".join(r[c].ljust(width[c]) for c in cols).rstrip() for r in rows]
     out.append(
         "dlp: |logprob difference| vs the reference (nats); tokens: greedy tokens equal / "
-        "compared up to a first divergence, tN: N near-ties, xN: N real differences; ms/tok: "
+        "compared up to a first divergence, tN: N near-ties, xN: N real differences; "
+        f">tol <|>= top-k: positions over tol whose context fits in the top-k ({INDEX_TOPK}) | "
+        "exceeds it (prompt + continuation); kernel vs fp64: the plugin kernel's worst relative "
+        "error against the float64 reference on the engine's tensors (layer check); ms/tok: "
         "mean decode time per output token (vLLM request stats; without them, wall time / "
         "output tokens)"
     )
@@ -1204,6 +1476,7 @@ def _case_spec(
     prompts: list[list[int]],
     model_cfg: dict[str, Any],
     shim: str | None,
+    layer_check_calls: int = LAYER_CHECK_CALLS,
 ) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "id": case_id(family, heads, case.name),
@@ -1226,6 +1499,8 @@ def _case_spec(
         "prompts": prompts,
         "shim": shim,
     }
+    if case.backend == PLUGIN and layer_check_calls > 0:  # FlashMLA cases keep their hash
+        spec["layer_check_calls"] = layer_check_calls
     spec["hash"] = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
     spec["model_dir"] = str(model_dir)
     return spec
@@ -1360,10 +1635,24 @@ def evaluate(
             records.append({"case": cid, "status": "error", "error": res.get("error")})
             continue
         n_rows = len(rows)
+        lc_cell, lc_reasons = layer_check_summary(res.get("info", {}).get("layer_check"))
+        if lc_reasons:  # the kernel is off on the engine's own tensors: the case fails
+            ok_all = False
+            records.append(
+                {"case": cid, "kind": "layer_check", "status": "fail", "reasons": lc_reasons}
+            )
+        lc_status = ("FAIL: layer check: " + "; ".join(lc_reasons) + "; ") if lc_reasons else ""
         for cmp in case.compare:
             ref_name = next((r for r in cmp.refs if case_id(fam, heads, r) not in skips), None)
             if ref_name is None:
-                rows.append(table_row(*base, ms_per_token=ms, status="SKIP: no reference here"))
+                rows.append(
+                    table_row(
+                        *base,
+                        ms_per_token=ms,
+                        layer=lc_cell,
+                        status=lc_status + "SKIP: no reference here",
+                    )
+                )
                 continue
             rid = case_id(fam, heads, ref_name)
             pair = frozenset((cid, rid))
@@ -1375,13 +1664,29 @@ def evaluate(
             gating = cmp.kind != "info"
             notes = []
             if ref is not None and ref.get("status") == "pending":
-                rows.append(table_row(*base, vs=ref_name, ms_per_token=ms, status=PENDING))
+                rows.append(
+                    table_row(
+                        *base,
+                        vs=ref_name,
+                        ms_per_token=ms,
+                        layer=lc_cell,
+                        status=lc_status + PENDING,
+                    )
+                )
                 continue
             if ref is None or ref.get("status") != "ok":
                 status = f"ERROR: reference {ref_name} failed"
                 rec.update(status="error", reasons=[status])
                 ok_all &= not gating
-                rows.append(table_row(*base, vs=ref_name, ms_per_token=ms, status=status))
+                rows.append(
+                    table_row(
+                        *base,
+                        vs=ref_name,
+                        ms_per_token=ms,
+                        layer=lc_cell,
+                        status=lc_status + status,
+                    )
+                )
                 records.append(rec)
                 continue
             agr, per_run = compare_case_runs(ref, res, settings.tol)
@@ -1415,9 +1720,18 @@ def evaluate(
                 per_run={k: dataclasses.asdict(v) for k, v in per_run.items()},
             )
             records.append(rec)
-            rows.append(table_row(*base, vs=ref_name, agr=agr, ms_per_token=ms, status=status))
+            rows.append(
+                table_row(
+                    *base,
+                    vs=ref_name,
+                    agr=agr,
+                    ms_per_token=ms,
+                    layer=lc_cell,
+                    status=lc_status + status,
+                )
+            )
         if len(rows) == n_rows:  # a reference, or its comparisons were made from the other side
-            rows.append(table_row(*base, ms_per_token=ms, status="REF"))
+            rows.append(table_row(*base, ms_per_token=ms, layer=lc_cell, status=lc_status + "REF"))
     return rows, records, ok_all
 
 
@@ -1500,6 +1814,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="always write the plugin's stand-in dist-info (default: when the children's "
         "Python has no vllm.general_plugins entry point named triton_mla_sparse)",
+    )
+    p.add_argument(
+        "--no-layer-check",
+        action="store_true",
+        help="do not check the plugin kernel's calls against the float64 reference",
+    )
+    p.add_argument(
+        "--layer-check-calls",
+        type=int,
+        default=LAYER_CHECK_CALLS,
+        metavar="N",
+        help="plugin cases: check the kernel's first N calls of the workload against "
+        f"sparse_mla_reference in float64 (at most {LAYER_CHECK_TOKENS} tokens each; "
+        f"default {LAYER_CHECK_CALLS})",
     )
     p.add_argument(
         "--multiproc", action="store_true", help="keep vLLM's engine-core process (default: off)"
@@ -1600,7 +1928,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             hidden_size=settings.hidden_size,
             vocab_size=settings.vocab_size,
         )
-        specs[cid] = _case_spec(fam, h, case, settings, model_dir, prompts, cfg, args.shim)
+        specs[cid] = _case_spec(
+            fam,
+            h,
+            case,
+            settings,
+            model_dir,
+            prompts,
+            cfg,
+            args.shim,
+            0 if args.no_layer_check else args.layer_check_calls,
+        )
 
     todo = list(specs)
     longest = 0.0
