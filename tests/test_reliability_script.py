@@ -128,8 +128,16 @@ def test_list_enumerates_the_sm90_variants():
         "S_PAD=64",
         " T4096 ",
         " W1152 ",
+        "HAS_SINK=True",
     ):
         assert feature in text, feature
+    # tools/gpu_check.py cuts this list into parts: its count must be the list's
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    try:
+        import gpu_check
+    finally:
+        sys.path.pop(0)
+    assert len(lines) == gpu_check.SANITIZE_CASES, "update SANITIZE_CASES in tools/gpu_check.py"
     # one case per forward variant, except cases added for a merge variant of their own
     merges = sum(1 for x in p.stdout.splitlines() if x.lstrip().startswith("merge "))
     assert len(set(fwd)) <= len(lines) <= len(set(fwd)) + merges

@@ -44,10 +44,11 @@ SANITIZE = ROOT / "benchmarks" / "reliability" / "sanitize.sh"
 STEP_LIMIT_S = 570  # every step, and so every part, ends inside a 10-minute window
 
 # The full procedure's slices: (tool, cases per part) over the sanitize suite's cases in coverage
-# order (1043 on sm90). Sized from measured rates on an H200 with 16 cores: compiles ~200 s on a
-# fresh cache; memcheck ~2 cases/s, initcheck ~2.3/s, racecheck ~0.65/s on 16 shards.
+# order (`reliability.py --suite sanitize --list` on sm90; tests/test_reliability_script.py keeps
+# SANITIZE_CASES equal to it). Sized from measured rates on an H200 with 16 cores: compiles ~200 s
+# on a fresh cache; memcheck ~2 cases/s, initcheck ~2.3/s, racecheck ~0.65/s on 16 shards.
 SANITIZE_SLICES = {"memcheck": 522, "initcheck": 522, "racecheck": 261}
-SANITIZE_CASES = 1043
+SANITIZE_CASES = 1221
 EMULATE_SLICE = 350
 EMULATE_CASES = {80: 694, 86: 380, 89: 380}
 

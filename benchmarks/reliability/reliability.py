@@ -247,6 +247,7 @@ class Kind:
     native: bool | None = None
     rope: int = ROPE
     latent: int = L  # kv_lora_rank
+    sink: bool = False  # a per-head attention sink (attn_sink)
 
     @property
     def width(self) -> int:
@@ -313,6 +314,11 @@ def make_kinds(args: argparse.Namespace, arch) -> list[Kind]:
         kinds += [
             Kind(f"narrow-{names[0]}", dt[names[0]], "auto", rope=16, latent=32),
             Kind(f"narrowfp8-{q8n}", q8, "fp8", "float", rope=16, latent=32),
+        ]
+        # the attention sink: read in the single-pass epilogue of each family and in the merge
+        kinds += [
+            Kind(f"sink-{names[0]}", dt[names[0]], "auto", sink=True),
+            Kind(f"dsmlasink-{q8n}", q8, "fp8_ds_mla", sink=True),
         ]
     return kinds
 
@@ -459,6 +465,8 @@ def dry_run(case: Case, device, arch) -> tuple[str, str | None]:
         kw["k_scale"] = _zeros((1,), torch.float32, device)
     elif k.scale == "float":
         kw["k_scale"] = 1.0
+    if k.sink:
+        kw["attn_sink"] = _zeros((1,), torch.float32, device).expand(H)
     with tap_mode("record") as taps:
         sparse_mla(q, cache, _zeros((1, 1), i32, device).expand(T, W), 0.05, **kw)
         return variant_keys(taps)
@@ -742,6 +750,12 @@ def build_cache(case: Case, geo: Geometry, g) -> dict:
         cache = pack_fp8_ds_mla(full, fmt)
     if geo.page:
         cache = cache.view(geo.num_blocks, geo.page, cache.shape[-1])
+    if k.sink:
+        # around the logits' scale, one head -inf (no sink) and one +inf (zero output)
+        sink = torch.randn(case.H, generator=g) * 2.0
+        if case.H >= 3:
+            sink[1], sink[2] = float("-inf"), float("inf")
+        fkw["attn_sink"] = sink
     return {"cache": cache, "fmt": fkw}
 
 
