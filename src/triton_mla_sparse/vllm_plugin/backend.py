@@ -7,6 +7,12 @@ flat-row indices with per-row valid counts), and its dense-MHA prefill. This mod
 validation, the CUDA-graph support level, and ``_forward_mqa_kernel``, which hands vLLM's indices
 and counts to :func:`triton_mla_sparse.sparse_mla` unchanged.
 
+Attention sinks (HY V4's per-head learnable sink): the backend advertises ``supports_sink``; the
+impl takes the layer's ``sinks`` impl kwarg (as vLLM's MLAAttention forwards it, the same contract
+as HY V4's sink-capable FLASHMLA_SPARSE subclass and ROCm's sparse MLA impl) and hands it to the
+kernel as ``attn_sink``. With a sink, dense-MHA prefill is off: vLLM's MLA prefill backends take no
+sink, so prefill tokens would silently lose it.
+
 Imported by vLLM (through ``AttentionBackendEnum.CUSTOM``) only when a layer uses the backend.
 """
 
@@ -93,6 +99,13 @@ class TritonMLASparseBackend(AttentionBackend):
         return True
 
     @classmethod
+    def supports_sink(cls) -> bool:
+        # A per-head float32 sink (one more softmax denominator term, no value row): the kernel's
+        # attn_sink, read on the device (CUDA-graph safe). Dense-MHA prefill is turned off for a
+        # layer with a sink (TritonMLASparseImpl.__init__), so every token gets it.
+        return True
+
+    @classmethod
     def supports_compute_capability(cls, capability: DeviceCapability) -> bool:
         return (capability.major, capability.minor) >= MIN_CAPABILITY
 
@@ -175,6 +188,24 @@ class TritonMLASparseBackend(AttentionBackend):
         return None
 
 
+def _check_sinks(sinks: torch.Tensor | None, num_heads: int) -> torch.Tensor | None:
+    """The ``sinks`` impl kwarg, checked: a floating tensor of this rank's ``num_heads`` values
+    (any shape holding exactly that many, e.g. ``[H]`` or ``[1, H, 1]``)."""
+    if sinks is None:
+        return None
+    if not isinstance(sinks, torch.Tensor) or not sinks.is_floating_point():
+        raise TypeError(
+            f"{BACKEND_NAME}: attention sinks must be a floating tensor of {num_heads} per-head "
+            f"values, got {type(sinks).__name__} {getattr(sinks, 'dtype', '')}"
+        )
+    if sinks.numel() != num_heads:
+        raise ValueError(
+            f"{BACKEND_NAME}: attention sinks must hold one value per local query head "
+            f"({num_heads}), got shape {tuple(sinks.shape)}"
+        )
+    return sinks
+
+
 def _fp8_free_writer_planned(cap: tuple[int, int]) -> bool:
     """Whether this plugin replaces vLLM's fused cache writer on ``cap`` (its own fp8 writer,
     vllm_plugin/indexer.py), which makes fp8 MLA caches writable below SM89."""
@@ -244,6 +275,8 @@ class TritonMLASparseImpl(SparseMLACommonImpl[TritonMLASparseMetadata]):
         indexer: Any | None = None,
         **mla_args: Any,
     ) -> None:
+        # vLLM's SparseMLACommonImpl takes named arguments only: take the sink out first.
+        sinks: torch.Tensor | None = mla_args.pop("sinks", None)
         if any([alibi_slopes, sliding_window, logits_soft_cap]):
             raise NotImplementedError(
                 f"{BACKEND_NAME} does not support alibi, sliding window or logits soft cap"
@@ -278,6 +311,43 @@ class TritonMLASparseImpl(SparseMLACommonImpl[TritonMLASparseMetadata]):
             # A NoPE model on fp8_ds_mla keeps 656-byte rows; dense-MHA prefill would gather them
             # into a kv_lora_rank-wide workspace (as FLASHMLA_SPARSE notes), so prefill runs here.
             self.supports_dense_mha_prefill = False
+        self.sinks = _check_sinks(sinks, num_heads)
+        self._kernel_sink: torch.Tensor | None = None
+        if sinks is not None:
+            # vLLM's dense-MHA prefill backends (FlashAttention / FlashInfer / cuDNN varlen) take
+            # no sink: with it, prefill tokens would be computed without the sink while decode
+            # applies it (ROCm's sparse MLA impl does the same; HY V4 also sets
+            # sparse_mla_force_mqa). Every token therefore takes the top-k MQA path, which for a
+            # prefill no longer than index_topk sees the same keys as dense attention.
+            self.supports_dense_mha_prefill = False
+
+    def process_weights_after_loading(self, act_dtype: torch.dtype) -> None:
+        super().process_weights_after_loading(act_dtype)
+        if self.sinks is not None:
+            self._kernel_sink = None  # the weights are loaded: convert (if needed) from them
+            self._sink_for_kernel(self.sinks.device)
+
+    def _sink_for_kernel(self, device: torch.device) -> torch.Tensor | None:
+        """The kernel's ``attn_sink`` (float32 ``[H]`` on ``device``), or None without a sink.
+
+        A float32 ``[H]`` sink already on the device (HY V4's ``learnable_sink_param``) is used
+        as is, no copy: the kernel reads the parameter itself, so weights loaded or updated in
+        place later are always seen. Any other form (bf16, another shape of H elements, another
+        device) is converted once: after weight loading (``process_weights_after_loading``), or
+        at the first forward if that hook did not run, and the converted copy is reused on every
+        later call (no per-call conversion, no host sync). That copy does not follow later
+        in-place updates of the original; ``process_weights_after_loading`` refreshes it.
+        """
+        sinks = self.sinks
+        if sinks is None:
+            return None
+        if sinks.dtype == torch.float32 and sinks.dim() == 1 and sinks.device == device:
+            return sinks
+        cached = self._kernel_sink
+        if cached is None or cached.device != device:
+            cached = sinks.detach().reshape(-1).to(device=device, dtype=torch.float32)
+            self._kernel_sink = cached
+        return cached
 
     def _forward_mqa_kernel(
         self,
@@ -304,6 +374,7 @@ class TritonMLASparseImpl(SparseMLACommonImpl[TritonMLASparseMetadata]):
             valid_counts=valid_counts,
             kv_format=self.kv_format,
             k_scale=k_scale,
+            attn_sink=self._sink_for_kernel(rows.device),
             return_lse=want_lse,
         )
         if want_lse:
