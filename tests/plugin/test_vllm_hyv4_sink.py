@@ -46,14 +46,14 @@ REQUESTS = [(1, 150), (2, 94), (130, 200)]  # a decode, a spec-decode verify, a 
 BLOCK_TABLE = [[5, 2, 7, 0], [9, 1, 0, 0], [3, 8, 4, 6]]
 
 
-def _hy_v4_config(attention_backend=None):
+def _hy_v4_config(attention_backend=None, **hf):
     from vllm.config import AttentionConfig, DeviceConfig, VllmConfig
 
     cfg = VllmConfig(
         device_config=DeviceConfig(device="cpu"),
         attention_config=AttentionConfig(backend=attention_backend),
     )
-    model = NS(hf_text_config=NS(**HY_V4), max_model_len=4096, rswa_window=None)
+    model = NS(hf_text_config=NS(**{**HY_V4, **hf}), max_model_len=4096, rswa_window=None)
     object.__setattr__(cfg, "model_config", model)
     return cfg
 
@@ -71,7 +71,7 @@ def test_validates_hy_v4_with_sink(monkeypatch, cap):
     assert _validate(cap, kv_cache_dtype="fp8_ds_mla", has_sink=True) == []
 
 
-def _hy_v4_backends(cuda_mod, monkeypatch, cap, kv, attention_backend=None):
+def _hy_v4_backends(cuda_mod, monkeypatch, cap, kv, attention_backend=None, **hf):
     """What HY V4's layer constructor decides, with vLLM's CUDA platform at ``cap``: the class its
     sparse-backend probe gets (attention.py:346-362, raises when none) and the class
     ``_resolve_sink_backend`` binds with the sink (None: the sink is dropped)."""
@@ -94,7 +94,7 @@ def _hy_v4_backends(cuda_mod, monkeypatch, cap, kv, attention_backend=None):
     torch.set_default_dtype(torch.bfloat16)  # as under vLLM's model loader (bf16 checkpoint)
     selector._cached_get_attn_backend.cache_clear()
     try:
-        with set_current_vllm_config(_hy_v4_config(attention_backend)):
+        with set_current_vllm_config(_hy_v4_config(attention_backend, **hf)):
             probe = hy_attn.get_attn_backend(  # the probe, verbatim (attention.py:350-358)
                 head_size=layer.kv_lora_rank + layer.qk_rope_head_dim,
                 dtype=torch.get_default_dtype(),
@@ -129,6 +129,19 @@ def test_hy_v4_sm120_explicit_choice_keeps_sink(cuda_platform, monkeypatch, kv):
 
     probe, bound = _hy_v4_backends(cuda_platform, monkeypatch, (12, 0), kv, E["TRITON_MLA_SPARSE"])
     assert _qualname(probe) == OURS and _qualname(bound) == OURS
+
+
+@pytest.mark.parametrize("kv", ["auto", "bfloat16", "fp8_ds_mla"])
+def test_hy_v4_sm120_automatic_choice_keeps_sink(cuda_platform, monkeypatch, kv):  # noqa: F811
+    """vLLM alone keeps FLASHINFER_MLA_SPARSE_SM120 (no sink) and drops the sink; the plugin's
+    priority wrapper puts TRITON_MLA_SPARSE ahead of it for a model with a learnable sink."""
+    probe, bound = _hy_v4_backends(cuda_platform, monkeypatch, (12, 0), kv)
+    assert _qualname(probe) == OURS and _qualname(bound) == OURS
+
+
+def test_sm120_without_sink_keeps_flashinfer(cuda_platform, monkeypatch):  # noqa: F811
+    probe, _ = _hy_v4_backends(cuda_platform, monkeypatch, (12, 0), "auto", learnable_sink=False)
+    assert probe.get_name() == "FLASHINFER_MLA_SPARSE_SM120"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -7,6 +7,12 @@ every native backend keeps its priority wherever it is valid, and this backend w
 is (SM8x; SM12x with a bf16 cache or a top-k FlashInfer lacks). No vLLM file is edited: the module
 global is replaced by a wrapper that returns a fresh list (the cached list object is shared).
 
+One exception to "last": on SM12x, for a model with a learnable per-head attention sink (HY V4,
+``hf_text_config.learnable_sink``), this backend goes just before ``FLASHINFER_MLA_SPARSE_SM120``,
+which has no sink: vLLM's HY V4 would otherwise keep FlashInfer and serve with the sink dropped
+("sink bias is disabled", models/hy_v4/nvidia/attention.py:591-634), which is not the trained
+model. An explicit ``--attention-backend`` still wins over any priority list.
+
 ``vllm.platforms.cuda`` needs libcuda to import, so the wrapper is installed only when vLLM's
 current platform is CUDA (then the module is already imported).
 """
@@ -32,11 +38,26 @@ def _wrap(original: Callable[..., list]) -> Callable[..., list]:
         # MLA lists only: this backend is MLA-only, and it validates itself (sparse, dtypes,
         # capability) like any other entry, so non-sparse MLA models never select it.
         if use_mla and custom not in backends:
-            backends.append(custom)
+            cap = kwargs.get("device_capability", args[1] if len(args) > 1 else None)
+            sm120 = AttentionBackendEnum.FLASHINFER_MLA_SPARSE_SM120
+            if cap is not None and cap.major == 12 and sm120 in backends and _model_has_sink():
+                backends.insert(backends.index(sm120), custom)
+            else:
+                backends.append(custom)
         return backends
 
     setattr(priorities, _MARK, True)
     return priorities
+
+
+def _model_has_sink() -> bool:
+    """Whether the model being built has a learnable per-head attention sink (HY V4)."""
+    from vllm.config import get_current_vllm_config_or_none
+
+    cfg = get_current_vllm_config_or_none()
+    model = getattr(cfg, "model_config", None)
+    hf = getattr(model, "hf_text_config", None)
+    return bool(getattr(hf, "learnable_sink", False))
 
 
 def install_priority_wrapper(cuda_module: Any = None) -> bool:
