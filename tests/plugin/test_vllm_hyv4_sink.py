@@ -157,7 +157,7 @@ def vllm_ctx():
 
 
 def _impl(buf: torch.Tensor, **sink_kw):
-    """The impl as HY V4's MLAAttention constructs it (attention.py:538-556 -> mla_attention.py
+    """The impl as HY V4's MLAAttention constructs it (attention.py:488-525 -> mla_attention.py
     :575-596): HY V4's head dims and scale, ``sinks`` among the impl kwargs when enabled."""
     from triton_mla_sparse.vllm_plugin.backend import TritonMLASparseImpl
 

@@ -10,7 +10,7 @@ global is replaced by a wrapper that returns a fresh list (the cached list objec
 One exception to "last": on SM12x, for a model with a learnable per-head attention sink (HY V4,
 ``hf_text_config.learnable_sink``), this backend goes just before ``FLASHINFER_MLA_SPARSE_SM120``,
 which has no sink: vLLM's HY V4 would otherwise keep FlashInfer and serve with the sink dropped
-("sink bias is disabled", models/hy_v4/nvidia/attention.py:591-634), which is not the trained
+("sink bias is disabled", models/hy_v4/nvidia/attention.py:595-641), which is not the trained
 model. An explicit ``--attention-backend`` still wins over any priority list.
 
 ``vllm.platforms.cuda`` needs libcuda to import, so the wrapper is installed only when vLLM's
