@@ -100,27 +100,10 @@ def _base_env(args: argparse.Namespace) -> dict[str, str]:
     return env
 
 
-def _has_module(name: str, env: dict[str, str]) -> bool:
-    probe = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({name!r}) is None)"
-    return subprocess.run([sys.executable, "-c", probe], env=env).returncode == 0
-
-
-def _gpu_target(env: dict[str, str]) -> str:
-    probe = (
-        "import torch; p = torch.cuda.get_device_properties(0); "
-        "print(f'cuda:{p.major}{p.minor}' if torch.version.hip is None else 'hip:' + "
-        "p.gcnArchName.split(':')[0])"
-    )
-    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
-    if out.returncode != 0:
-        raise SystemExit("no GPU visible to PyTorch: the GPU check needs one\n" + out.stderr)
-    return out.stdout.strip()
-
-
-def quick_steps(args: argparse.Namespace, env: dict[str, str]) -> list[Step]:
+def quick_steps(args: argparse.Namespace, info: dict) -> list[Step]:
     pytest = [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider"]
-    jobs = ["-n", str(args.jobs)] if args.jobs > 1 and _has_module("xdist", env) else []
-    target = _gpu_target(env)
+    jobs = ["-n", str(args.jobs)] if args.jobs > 1 and info["xdist"] else []
+    target = info["target"]
     return [
         Step(
             "pytest",
@@ -207,14 +190,21 @@ def run_step(step: Step, base_env: dict[str, str], out: Path) -> Result:
 
 
 def environment(env: dict[str, str]) -> dict:
+    """What the children see: GPU, compile target, torch / Triton, whether pytest-xdist is there
+    (one probe); exits when no GPU is visible."""
     probe = (
-        "import json, torch, triton; p = torch.cuda.get_device_properties(0); "
+        "import importlib.util, json, torch, triton; p = torch.cuda.get_device_properties(0); "
+        "hip = torch.version.hip is not None; "
         "print(json.dumps(dict(gpu=p.name, capability=f'{p.major}.{p.minor}', "
+        "target=('hip:' + p.gcnArchName.split(':')[0]) if hip else f'cuda:{p.major}{p.minor}', "
         "torch=torch.__version__, triton=triton.__version__, triton_path=triton.__file__, "
-        "cuda=torch.version.cuda or torch.version.hip)))"
+        "cuda=torch.version.cuda or torch.version.hip, "
+        "xdist=importlib.util.find_spec('xdist') is not None)))"
     )
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
-    info = json.loads(out.stdout) if out.returncode == 0 else {"error": out.stderr[-500:]}
+    if out.returncode != 0:
+        raise SystemExit("no GPU visible to PyTorch: the GPU check needs one\n" + out.stderr)
+    info = json.loads(out.stdout)
     smi = shutil.which("nvidia-smi")
     if smi:
         q = "--query-gpu=driver_version,clocks.sm,clocks.mem"
@@ -255,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     print("environment:", json.dumps(info), flush=True)
     steps: list[Step] = []
     if args.mode == "quick" or not args.part:
-        steps += quick_steps(args, env)
+        steps += quick_steps(args, info)
     if args.mode == "full":
         for name in [args.part] if args.part else [n for n, _, _ in _parts()]:
             steps += part_steps(name, args)

@@ -124,8 +124,18 @@ def common_metadata(requests: list[tuple[int, int]], block_table: list[list[int]
     )
 
 
-def mla_sparse_impl(heads: int, kv_cache_dtype: str, topk_buffer, scale: float = 576**-0.5):
-    """The plugin's impl as vLLM's MLA layer constructs it for a DeepSeek-V3.2-shaped model."""
+def mla_sparse_impl(
+    heads: int,
+    kv_cache_dtype: str,
+    topk_buffer,
+    scale: float = 576**-0.5,
+    *,
+    qk_nope_head_dim: int = 128,
+    v_head_dim: int = 128,
+    **impl_kw,
+):
+    """The plugin's impl as vLLM's MLA layer constructs it for a DeepSeek-V3.2-shaped model (other
+    head dims, e.g. HY V4's 192 / 256, and extra impl kwargs such as ``sinks`` when given)."""
     from triton_mla_sparse.vllm_plugin.backend import TritonMLASparseImpl
 
     return TritonMLASparseImpl(
@@ -141,11 +151,12 @@ def mla_sparse_impl(heads: int, kv_cache_dtype: str, topk_buffer, scale: float =
         kv_sharing_target_layer_name=None,
         q_lora_rank=1536,
         kv_lora_rank=512,
-        qk_nope_head_dim=128,
+        qk_nope_head_dim=qk_nope_head_dim,
         qk_rope_head_dim=64,
-        qk_head_dim=192,
-        v_head_dim=128,
+        qk_head_dim=qk_nope_head_dim + 64,
+        v_head_dim=v_head_dim,
         kv_b_proj=None,
         indexer=None,
         topk_indices_buffer=topk_buffer,
+        **impl_kw,
     )

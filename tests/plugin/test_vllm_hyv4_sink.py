@@ -159,29 +159,8 @@ def vllm_ctx():
 def _impl(buf: torch.Tensor, **sink_kw):
     """The impl as HY V4's MLAAttention constructs it (attention.py:488-525 -> mla_attention.py
     :575-596): HY V4's head dims and scale, ``sinks`` among the impl kwargs when enabled."""
-    from triton_mla_sparse.vllm_plugin.backend import TritonMLASparseImpl
-
-    return TritonMLASparseImpl(
-        num_heads=HEADS,
-        head_size=576,
-        scale=SCALE,
-        num_kv_heads=1,
-        alibi_slopes=None,
-        sliding_window=None,
-        kv_cache_dtype="auto",
-        logits_soft_cap=None,
-        attn_type="decoder",
-        kv_sharing_target_layer_name=None,
-        q_lora_rank=1536,
-        kv_lora_rank=512,
-        qk_nope_head_dim=192,
-        qk_rope_head_dim=64,
-        qk_head_dim=256,
-        v_head_dim=256,
-        kv_b_proj=None,
-        indexer=None,
-        topk_indices_buffer=buf,
-        **sink_kw,
+    return mla_sparse_impl(
+        HEADS, "auto", buf, SCALE, qk_nope_head_dim=192, v_head_dim=256, **sink_kw
     )
 
 
