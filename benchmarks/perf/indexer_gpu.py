@@ -35,6 +35,7 @@ from triton_mla_sparse.reference import (
     mqa_logits_reference,
     paged_mqa_logits_reference,
 )
+from triton_mla_sparse.testing import indexer_logits_tolerance, logits_row_error
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout whose tests/test_indexer.py runs
 
@@ -85,9 +86,9 @@ def checks(device: torch.device, small: bool = False) -> list[str]:
         rows = bi.sample_rows(batch * next_n)
         ref = paged_mqa_logits_reference(q, cache, w, cl, bt, mml, rows=rows)
         got = out[rows.to(device)]
-        err = bi.row_error(got, ref)
+        err = logits_row_error(got, ref)
         untouched = bool((got[~torch.isfinite(ref)] == -7777.0).all())
-        ok = err <= bi.TOLERANCE and untouched
+        ok = err <= indexer_logits_tolerance(device) and untouched
         lines.append(
             f"{'pass' if ok else 'FAIL'} paged B={batch} next_n={next_n} H={heads} ctx={ctx} "
             f"q={str(qd).replace('torch.', '')} {'native' if native else 'integer'} "
@@ -111,9 +112,9 @@ def checks(device: torch.device, small: bool = False) -> list[str]:
         rows = bi.sample_rows(M)
         ref = mqa_logits_reference(*args, rows=rows)
         got = out[rows.to(device)]
-        err = bi.row_error(got, ref)
+        err = logits_row_error(got, ref)
         untouched = bool((got[~torch.isfinite(ref)] == -7777.0).all())
-        ok = err <= bi.TOLERANCE and untouched
+        ok = err <= indexer_logits_tolerance(device) and untouched
         lines.append(
             f"{'pass' if ok else 'FAIL'} prefill M={M} ctx={N} H={heads} "
             f"q={str(qd).replace('torch.', '')} {'native' if native else 'integer'} {bi.label(cfg)} "

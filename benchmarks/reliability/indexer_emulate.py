@@ -56,6 +56,7 @@ def child(cc: int, out_dir: Path | None) -> int:
         choose_paged_config,
     )
     from triton_mla_sparse.reference import mqa_logits_reference, paged_mqa_logits_reference
+    from triton_mla_sparse.testing import indexer_logits_tolerance, logits_row_error
 
     device = torch.device("cuda")
     arch = arch_of(device)
@@ -75,8 +76,10 @@ def child(cc: int, out_dir: Path | None) -> int:
             rows = bi.sample_rows(batch * next_n)
             ref = paged_mqa_logits_reference(q, cache, w, cl, bt, mml, rows=rows)
             got = out[rows.to(device)]
-            err = bi.row_error(got, ref)
-            ok = err <= bi.TOLERANCE and bool((got[~torch.isfinite(ref)] == poison).all())
+            err = logits_row_error(got, ref)
+            ok = err <= indexer_logits_tolerance(device) and bool(
+                (got[~torch.isfinite(ref)] == poison).all()
+            )
             ok_all &= ok
             lines.append(
                 f"{'pass' if ok else 'FAIL'} sm{cc} paged B={batch} next_n={next_n} H={heads} "
@@ -93,8 +96,10 @@ def child(cc: int, out_dir: Path | None) -> int:
             rows = bi.sample_rows(512)
             ref = mqa_logits_reference(*args, rows=rows)
             got = out[rows.to(device)]
-            err = bi.row_error(got, ref)
-            ok = err <= bi.TOLERANCE and bool((got[~torch.isfinite(ref)] == poison).all())
+            err = logits_row_error(got, ref)
+            ok = err <= indexer_logits_tolerance(device) and bool(
+                (got[~torch.isfinite(ref)] == poison).all()
+            )
             ok_all &= ok
             lines.append(
                 f"{'pass' if ok else 'FAIL'} sm{cc} prefill M=512 ctx=8192 H={heads} "

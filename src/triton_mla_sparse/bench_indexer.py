@@ -17,13 +17,21 @@ import itertools
 
 import torch
 
-from .bench import Ceilings, measure_ceilings, time_events, time_graph
 from .kv_format import INDEXER_BLOCK_SIZE, INDEXER_HEAD_DIM, INDEXER_ROW_BYTES
+from .testing import (
+    Ceilings,
+    compare_sparse_mla,
+    indexer_logits_tolerance,
+    logits_row_error,
+    measure_ceilings,
+    reference_dtype,
+    time_events,
+    time_graph,
+)
 
 PAGE, D = INDEXER_BLOCK_SIZE, INDEXER_HEAD_DIM
 E4M3_NAN_MASK = 0x7F  # (byte & 0x7F) == 0x7F is an e4m3 NaN
 CHECK_ROWS = 8  # rows checked against the reference per shape (all rows when fewer)
-TOLERANCE = 1e-3  # max |err| / max |ref| per row (fp8 MMA accumulation on tensor cores)
 
 DEFAULT_DECODE = dict(rows=(1, 32, 128), ctx=(8192, 32768, 131072), heads=(32, 64), next_n=(1, 2))
 FULL_DECODE = dict(
@@ -94,15 +102,6 @@ def make_prefill(rows: int, ctx: int, heads: int, device, seed: int = 0):
     return q, k, k_scale, weights, ks, ke, ctx
 
 
-def row_error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """Max over rows of max |out - ref| / max |ref| on the columns the reference writes."""
-    fin = torch.isfinite(ref)
-    if not torch.isfinite(out[fin]).all():
-        return float("inf")
-    scale = ref.masked_fill(~fin, 0).abs().amax(dim=1, keepdim=True).clamp_min(1e-30)
-    return ((out - ref).abs() / scale).masked_fill(~fin, 0).max().item()
-
-
 def sample_rows(n: int) -> torch.Tensor:
     if n <= CHECK_ROWS:
         return torch.arange(n)
@@ -137,11 +136,10 @@ def bench_decode(batch, next_n, heads, ctx, native, device, ceil: Ceilings | Non
     paged_mqa_logits(*args, out=out, config=cfg)
     rows = sample_rows(batch * next_n)
     ref = paged_mqa_logits_reference(*args, rows=rows)
-    err = row_error(out[rows.to(device)], ref)
+    err = logits_row_error(out[rows.to(device)], ref)
     name = f"B={batch} ctx={ctx // 1024}K H={heads} next_n={next_n}"
-    res = IndexerResult(
-        "decode", name, "native" if native else "integer", label(cfg), err, err <= TOLERANCE
-    )
+    passed = err <= indexer_logits_tolerance(device)
+    res = IndexerResult("decode", name, "native" if native else "integer", label(cfg), err, passed)
     if not res.passed or device.type != "cuda":
         return res
     res.us = time_graph(lambda: paged_mqa_logits(*args, out=out, config=cfg))
@@ -165,11 +163,10 @@ def bench_prefill(ctx, heads, native, device, ceil: Ceilings | None, config=None
     mqa_logits(*args, out=out, config=cfg)
     rows = sample_rows(rows_n)
     ref = mqa_logits_reference(*args, rows=rows)
-    err = row_error(out[rows.to(device)], ref)
+    err = logits_row_error(out[rows.to(device)], ref)
     name = f"M={rows_n} ctx={ctx // 1024}K H={heads}"
-    res = IndexerResult(
-        "prefill", name, "native" if native else "integer", label(cfg), err, err <= TOLERANCE
-    )
+    passed = err <= indexer_logits_tolerance(device)
+    res = IndexerResult("prefill", name, "native" if native else "integer", label(cfg), err, passed)
     if not res.passed or device.type != "cuda":
         return res
     res.us = time_events(lambda: mqa_logits(*args, out=out, config=cfg))
@@ -200,8 +197,6 @@ def bench_layer(
 ):
     """One DSA decode layer: 64 index heads -> top-2048 -> sparse_mla over 16 attention heads."""
     from . import sparse_mla
-    from .bench import TOLERANCE as MLA_TOL
-    from .bench import rel_err
     from .indexer import paged_mqa_logits
     from .kv_format import bytes_per_row, pack_fp8_ds_mla
     from .reference import sparse_mla_reference
@@ -244,10 +239,13 @@ def bench_layer(
     from .reference import paged_mqa_logits_reference
 
     rows = sample_rows(batch)
-    l_err = row_error(logits[rows.to(device)], paged_mqa_logits_reference(*args, rows=rows))
-    ref = sparse_mla_reference(q, kv, idx, 192**-0.5, **mla_kw)
-    err = rel_err(out, ref)
-    passed = err <= MLA_TOL[dtype] and l_err <= TOLERANCE
+    l_err = logits_row_error(logits[rows.to(device)], paged_mqa_logits_reference(*args, rows=rows))
+    ref = sparse_mla_reference(
+        q, kv, idx, 192**-0.5, compute_dtype=reference_dtype(dtype), **mla_kw
+    )
+    check = compare_sparse_mla(out, ref)
+    err = check.err
+    passed = check.passed and l_err <= indexer_logits_tolerance(device)
     res = []
     row = bytes_per_row(kv_format, width, dtype)
     costs = {
