@@ -42,9 +42,9 @@ def child(cc: int, out_dir: Path | None) -> int:
     triton.runtime.driver.active.get_current_target = lambda: GPUTarget("cuda", cc, 32)
     CUDABackend.make_cubin = ptx_as_cubin
 
-    from triton_mla_sparse.ops.sparse_mla import heuristics as sh
+    from triton_mla_sparse.ops import target
 
-    sh._cuda_arch = lambda index: sh.Arch(
+    target._cuda_arch = lambda index: target.Arch(
         "cuda", cc, torch.cuda.get_device_properties(0).multi_processor_count
     )
 

@@ -1280,9 +1280,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"PTX JIT emulation of sm_{args.arch}: Triton cache {emu.cache_dir}", flush=True)
     arch = heuristics.arch_of(device)
     if emu is not None and device.type != "cuda":  # --list without a GPU: the emulated target
+        from triton_mla_sparse.ops import target
         from triton_mla_sparse.ops.sparse_mla import interface
 
-        arch = heuristics._cuda_arch(0)
+        arch = target._cuda_arch(0)
         interface.arch_of = lambda _device: arch
     kinds = make_kinds(args, arch)
     t0 = time.perf_counter()
