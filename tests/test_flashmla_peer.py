@@ -28,11 +28,41 @@ BF16_TOL = sparse_mla_tolerance(torch.bfloat16).out_rtol  # FlashMLA's rows: bf1
 
 
 def test_compare_flashmla_without_flashmla_exits_2(monkeypatch, capsys):
+    """No vLLM and no FlashMLA files: exit 2, one line on stderr naming both routes."""
+    import triton_mla_sparse.cli.bench as bench_cli
+
+    monkeypatch.setattr(bench_cli, "gpu_device", lambda: CPU)  # as if on a GPU machine
+    monkeypatch.setattr(flashmla, "_vllm_version", lambda: None)
     monkeypatch.setitem(sys.modules, flashmla.INTERFACE, None)  # import raises ImportError
     assert main(["bench", "--compare", "flashmla", "--decode", "1", "--no-prefill"]) == 2
-    out = capsys.readouterr().out
-    assert out.count("\n") == 1 and out.startswith("--compare flashmla: cannot import ")
-    assert flashmla.INTERFACE in out and "PYTHONPATH" in out
+    captured = capsys.readouterr()
+    err = captured.err
+    assert captured.out == "" and err.count("\n") == 1
+    assert err.startswith("--compare flashmla: cannot import ") and flashmla.INTERFACE in err
+    assert "pip install 'triton-mla-sparse[vllm]'" in err and "PYTHONPATH" in err
+
+
+def test_load_through_installed_vllm(monkeypatch):
+    """With vLLM installed, its own FlashMLA op module decides: its reason when FlashMLA cannot
+    run here (nothing about PYTHONPATH), the interface module when it can."""
+    import types
+
+    verdict = (False, "FlashMLA Sparse is only supported on Hopper and Blackwell DC devices.")
+    op = types.SimpleNamespace(is_flashmla_sparse_supported=lambda: verdict)
+    monkeypatch.setitem(sys.modules, flashmla.VLLM_OP, op)
+    monkeypatch.setattr(flashmla, "_vllm_version", lambda: "0.33.0")
+    with pytest.raises(flashmla.PeerUnavailable) as info:
+        flashmla.load()
+    msg = str(info.value)
+    assert msg.startswith("--compare flashmla: vLLM 0.33.0 is installed") and verdict[1] in msg
+    assert "PYTHONPATH" not in msg and "written against" not in msg
+    monkeypatch.setattr(flashmla, "_vllm_version", lambda: "0.34.1")
+    with pytest.raises(flashmla.PeerUnavailable, match="written against vLLM 0.33"):
+        flashmla.load()
+    verdict = (True, None)
+    interface = types.ModuleType(flashmla.INTERFACE)
+    monkeypatch.setitem(sys.modules, flashmla.INTERFACE, interface)
+    assert flashmla.load() is interface
 
 
 def test_compare_rejects_unknown_peer(capsys):
@@ -256,6 +286,7 @@ def _smoke_module():
 
 def test_smoke_script_without_flashmla_exits_2(monkeypatch, capsys):
     smoke = _smoke_module()
+    monkeypatch.setattr(flashmla, "_vllm_version", lambda: None)
     monkeypatch.setitem(sys.modules, flashmla.INTERFACE, None)
     monkeypatch.setattr(sys, "argv", ["flashmla_smoke.py"])
     assert smoke.main() == 2

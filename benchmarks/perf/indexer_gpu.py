@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from triton_mla_sparse import bench_indexer as bi
+from triton_mla_sparse.cli.main import main as cli_main
 from triton_mla_sparse.indexer import mqa_logits, paged_mqa_logits
 from triton_mla_sparse.ops.indexer.heuristics import (
     arch_of,
@@ -36,6 +37,7 @@ from triton_mla_sparse.reference import (
     paged_mqa_logits_reference,
 )
 from triton_mla_sparse.testing import indexer_logits_tolerance, logits_row_error
+from triton_mla_sparse.workloads import indexer_paged_inputs, indexer_prefill_inputs
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout whose tests/test_indexer.py runs
 
@@ -72,7 +74,7 @@ def checks(device: torch.device, small: bool = False) -> list[str]:
             batch, ctx = min(batch, 3), 300
             if qd == torch.bfloat16:
                 continue
-        q, cache, w, cl, bt, mml = bi.make_paged(batch, next_n, heads, ctx, device)
+        q, cache, w, cl, bt, mml = indexer_paged_inputs(batch, next_n, heads, ctx, device)
         # vary the lengths (not multiples of 64, one short row) and the q dtype
         cl = (cl - torch.arange(batch, device=device, dtype=torch.int32) * 37).clamp_min(1)
         q = q.to(torch.float32).mul(2.0**-4).to(qd) if qd != torch.float8_e4m3fn else q
@@ -101,7 +103,7 @@ def checks(device: torch.device, small: bool = False) -> list[str]:
         if small and qd == torch.bfloat16:
             continue
         M, N = (64, 300) if small else (4096, 32768)
-        args = list(bi.make_prefill(M, N, heads, device))
+        args = list(indexer_prefill_inputs(M, N, heads, device))
         if qd != torch.float8_e4m3fn:
             args[0] = args[0].to(torch.float32).mul(2.0**-4).to(qd)
         cfg = choose_mqa_config(M, N, heads, args[0].dtype, arch)
@@ -162,7 +164,8 @@ def main() -> int:
         flush=True,
     )
     buf = io.StringIO()
-    args = argparse.Namespace(full=a.full, json=str(out / "indexer_bench.json"), no_prefill=False)
+    argv = ["bench", "--indexer", "--json", str(out / "indexer_bench.json")]
+    argv += ["--full"] if a.full else []
 
     class Tee(io.TextIOBase):
         def write(self, s):
@@ -173,7 +176,7 @@ def main() -> int:
     rc = 0
     if not a.small:
         with contextlib.redirect_stdout(Tee()):
-            rc = bi.run(args)
+            rc = cli_main(argv)
     (out / "bench.txt").write_text(buf.getvalue() + f"[{time.time() - t0:.0f} s total]\n")
     return 0 if ok and rc == 0 else 1
 

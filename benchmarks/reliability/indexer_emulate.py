@@ -57,6 +57,7 @@ def child(cc: int, out_dir: Path | None) -> int:
     )
     from triton_mla_sparse.reference import mqa_logits_reference, paged_mqa_logits_reference
     from triton_mla_sparse.testing import indexer_logits_tolerance, logits_row_error
+    from triton_mla_sparse.workloads import indexer_paged_inputs, indexer_prefill_inputs
 
     device = torch.device("cuda")
     arch = arch_of(device)
@@ -66,7 +67,7 @@ def child(cc: int, out_dir: Path | None) -> int:
     q_dtypes = (torch.float8_e4m3fn, torch.bfloat16, torch.float16)
     for qd in q_dtypes:
         for batch, next_n, heads, ctx in ((32, 1, 32, 8192), (32, 2, 64, 8192), (4, 2, 32, 3000)):
-            q, cache, w, cl, bt, mml = bi.make_paged(batch, next_n, heads, ctx, device)
+            q, cache, w, cl, bt, mml = indexer_paged_inputs(batch, next_n, heads, ctx, device)
             cl = (cl - torch.arange(batch, device=device, dtype=torch.int32) * 61).clamp_min(1)
             if qd != torch.float8_e4m3fn:
                 q = q.to(torch.float32).mul(2.0**-4).to(qd)
@@ -87,7 +88,7 @@ def child(cc: int, out_dir: Path | None) -> int:
             )
             print(lines[-1], flush=True)
         for heads in (32, 64):
-            args = list(bi.make_prefill(512, 8192, heads, device))
+            args = list(indexer_prefill_inputs(512, 8192, heads, device))
             if qd != torch.float8_e4m3fn:
                 args[0] = args[0].to(torch.float32).mul(2.0**-4).to(qd)
             cfg = choose_mqa_config(512, 8192, heads, args[0].dtype, arch)

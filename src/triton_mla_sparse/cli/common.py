@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import datetime
 import os
 import platform
@@ -55,3 +56,13 @@ def table(rows: list[list[str]], header: list[str]) -> str:
 
 def num(x: float | None, spec: str) -> str:
     return "-" if x is None else format(x, spec)
+
+
+def write_csv(path: str, dicts: list[dict]) -> None:
+    """Rows of results (dataclasses.asdict of each) as CSV, the first row's keys as header."""
+    if not dicts:
+        return
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(dicts[0]))
+        w.writeheader()
+        w.writerows(dicts)
