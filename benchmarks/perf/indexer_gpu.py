@@ -16,7 +16,6 @@ import argparse
 import contextlib
 import dataclasses
 import io
-import os
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ import torch
 from triton_mla_sparse import bench_indexer as bi
 from triton_mla_sparse.cli.main import main as cli_main
 from triton_mla_sparse.indexer import mqa_logits, paged_mqa_logits
+from triton_mla_sparse.ops.host import interpreter_on, use_interpreter
 from triton_mla_sparse.ops.indexer.heuristics import (
     arch_of,
     choose_mqa_config,
@@ -136,9 +136,9 @@ def main() -> int:
     ap.add_argument("--small", action="store_true", help="CPU dry run under Triton's interpreter")
     a = ap.parse_args()
     if a.small:  # must precede the first `import triton` (its jit picks the interpreter then)
-        if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+        if "triton" in sys.modules and not interpreter_on():
             raise SystemExit("run --small with TRITON_INTERPRET=1 set")
-        os.environ["TRITON_INTERPRET"] = "1"
+        use_interpreter()
     out = a.out
     out.mkdir(parents=True, exist_ok=True)
     import triton

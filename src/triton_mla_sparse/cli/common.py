@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import datetime
-import os
 import platform
 
 import torch
@@ -12,11 +11,6 @@ import torch
 
 def gpu_device() -> torch.device | None:
     return torch.device("cuda") if torch.cuda.is_available() else None
-
-
-def use_interpreter() -> None:
-    """Run kernels under Triton's interpreter (must precede the lazy kernel import)."""
-    os.environ["TRITON_INTERPRET"] = "1"
 
 
 def environment() -> dict:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from .common import environment, environment_line, gpu_device, num, table, use_interpreter
+from ..ops.host import use_interpreter
+from .common import environment, environment_line, gpu_device, num, table
 
 DESCRIPTION = (
     "Check the kernel against the PyTorch reference on the default workload (GLM-5 and "
