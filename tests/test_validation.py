@@ -286,6 +286,148 @@ CASES = {
         ["attn_sink", f"[H={H}]", f"({H + 1},)"],
     ),
     "sink-2d": (dict(attn_sink=torch.zeros(1, H, device=DEVICE)), ValueError, ["attn_sink"]),
+    # the extra index set
+    "extra-cache-alone": (
+        dict(extra_kv_cache=f16(N, L + R)),
+        ValueError,
+        ["extra_kv_cache", "extra_indices", "None", f"({N}, {L + R})"],
+    ),
+    "extra-indices-alone": (
+        dict(extra_indices=i32(T, W)),
+        ValueError,
+        ["extra_kv_cache", "extra_indices", f"({T}, {W})"],
+    ),
+    "extra-counts-alone": (
+        dict(extra_valid_counts=i32(T)),
+        ValueError,
+        ["extra_valid_counts", "extra_kv_cache"],
+    ),
+    "extra-cache-list": (
+        dict(extra_kv_cache=[[0.0] * (L + R)] * N, extra_indices=i32(T, W)),
+        TypeError,
+        ["extra_kv_cache", "list"],
+    ),
+    "extra-cache-dtype": (
+        dict(extra_kv_cache=f16(N, L + R).float(), extra_indices=i32(T, W)),
+        TypeError,
+        ["extra_kv_cache", "float32", "auto"],
+    ),
+    "extra-cache-width": (
+        dict(extra_kv_cache=f16(N, L + R + 2), extra_indices=i32(T, W)),
+        ValueError,
+        ["extra_kv_cache", "576", f"({N}, {L + R + 2})"],
+    ),
+    "extra-cache-rank": (
+        dict(extra_kv_cache=f16(2, 2, N, L + R), extra_indices=i32(T, W)),
+        ValueError,
+        ["extra_kv_cache"],
+    ),
+    "extra-cache-format": (
+        dict(
+            kv_cache=u8(N, 656),
+            kv_format="fp8_ds_mla",
+            extra_kv_cache=u8(N, L + R),
+            extra_indices=i32(T, W),
+        ),
+        ValueError,
+        ["extra_kv_cache", "656", "fp8_ds_mla"],
+    ),
+    "extra-cache-colstride": (
+        dict(
+            kv_cache=u8(N, L + R),
+            kv_format="fp8",
+            extra_kv_cache=u8(L + R, N).t(),
+            extra_indices=i32(T, W),
+        ),
+        ValueError,
+        ["extra_kv_cache", "unit stride"],
+    ),
+    "extra-cache-rows-2^31": (
+        dict(extra_kv_cache=f16(1, L + R).expand(2**31, L + R), extra_indices=i32(T, W)),
+        ValueError,
+        ["extra_kv_cache", "2^31"],
+    ),
+    "extra-indices-int64": (
+        dict(
+            extra_kv_cache=f16(N, L + R),
+            extra_indices=torch.zeros(T, W, dtype=torch.int64, device=DEVICE),
+        ),
+        TypeError,
+        ["extra_indices", "int32", "int64"],
+    ),
+    "extra-indices-T": (
+        dict(extra_kv_cache=f16(N, L + R), extra_indices=i32(T + 1, W)),
+        ValueError,
+        ["extra_indices", f"T={T}", f"({T + 1}, {W})"],
+    ),
+    "extra-indices-W0": (
+        dict(extra_kv_cache=f16(N, L + R), extra_indices=i32(T, 0)),
+        ValueError,
+        ["extra_indices", f"({T}, 0)"],
+    ),
+    "extra-counts-T": (
+        dict(extra_kv_cache=f16(N, L + R), extra_indices=i32(T, W), extra_valid_counts=i32(T + 1)),
+        ValueError,
+        ["extra_valid_counts", f"({T + 1},)"],
+    ),
+    "extra-counts-float": (
+        dict(extra_kv_cache=f16(N, L + R), extra_indices=i32(T, W), extra_valid_counts=f16(T)),
+        TypeError,
+        ["extra_valid_counts"],
+    ),
+    "extra-bt-without-size": (
+        dict(
+            extra_kv_cache=f16(N, L + R),
+            extra_indices=i32(T, W),
+            extra_block_table=i32(2, 4),
+            req_ids=i32(T),
+        ),
+        ValueError,
+        ["extra_block_table", "extra_block_size"],
+    ),
+    "extra-bt-without-req": (
+        dict(
+            extra_kv_cache=f16(N, L + R),
+            extra_indices=i32(T, W),
+            extra_block_table=i32(2, 4),
+            extra_block_size=16,
+        ),
+        ValueError,
+        ["req_ids", "extra_block_table"],
+    ),
+    "extra-block-size-0": (
+        dict(
+            extra_kv_cache=f16(N, L + R),
+            extra_indices=i32(T, W),
+            extra_block_table=i32(2, 4),
+            extra_block_size=0,
+            req_ids=i32(T),
+        ),
+        ValueError,
+        ["extra_block_size"],
+    ),
+    "extra-bt-rank": (
+        dict(
+            extra_kv_cache=f16(N, L + R),
+            extra_indices=i32(T, W),
+            extra_block_table=i32(8),
+            extra_block_size=16,
+            req_ids=i32(T),
+        ),
+        ValueError,
+        ["extra_block_table"],
+    ),
+    "extra-req-T": (
+        dict(
+            extra_kv_cache=f16(N, L + R),
+            extra_indices=i32(T, W),
+            extra_block_table=i32(2, 4),
+            extra_block_size=16,
+            req_ids=i32(T + 1),
+        ),
+        ValueError,
+        ["req_ids"],
+    ),
 }
 
 
@@ -315,6 +457,23 @@ def test_softmax_scale_numbers_accepted(scale):
     """Any finite Python or NumPy real number passes validation (and reaches the launch)."""
     with pytest.raises(AssertionError, match="launched a kernel"):
         sparse_mla(**good(softmax_scale=scale))
+
+
+def test_extra_set_accepted():
+    """A paged extra cache of another page size, its counts and its own block table (request
+    ids shared with the main set's table, or given for the extra table alone) pass validation."""
+    xkw = dict(
+        extra_kv_cache=f16(4, 16, L + R),
+        extra_indices=i32(T, 7),
+        extra_valid_counts=i32(2 * T)[::2],
+        extra_block_table=i32(2, 3),
+        extra_block_size=16,
+        req_ids=i32(T),
+    )
+    with pytest.raises(AssertionError, match="launched a kernel"):
+        sparse_mla(**good(**xkw))
+    with pytest.raises(AssertionError, match="launched a kernel"):
+        sparse_mla(**good(block_table=i32(2, 4), block_size=64, **xkw))
 
 
 def test_attn_sink_any_stride_accepted():

@@ -38,6 +38,21 @@ class MergePlan:
 
 
 @dataclasses.dataclass(frozen=True)
+class ExtraPlan:
+    """Where the extra index set sits in the gather sequence the splits divide.
+
+    The main set's ``width`` entries come first, the extra set's ``width`` entries start at
+    ``offset`` (the main width rounded up to whole gather steps, so that no step mixes the two
+    caches); the splits divide the ``offset + width`` positions like one top-k list.
+    ``bt_block_size`` is the extra block table's block size (1 without one).
+    """
+
+    width: int
+    offset: int
+    bt_block_size: int
+
+
+@dataclasses.dataclass(frozen=True)
 class LaunchPlan:
     """One call's kernels, grids and constexprs (``launch.launch_sparse_mla`` runs it).
 
@@ -55,6 +70,7 @@ class LaunchPlan:
     constexprs: dict[str, Any]
     workspace: tuple[int, int, int, int] | None
     merge: MergePlan | None
+    extra: ExtraPlan | None = None
 
     @property
     def num_splits(self) -> int:
@@ -99,20 +115,38 @@ def make_plan(
     k_scale_tensor: bool = False,
     store_lse: bool = False,
     has_sink: bool = False,
+    extra_width: int | None = None,
+    extra_page_size: int = 1,
+    extra_has_counts: bool = False,
+    extra_block_size: int | None = None,
     config: KernelConfig | None = None,
 ) -> LaunchPlan:
     """The plan of one call with ``num_tokens`` >= 1 tokens of ``num_heads`` heads, q widths
     ``latent`` + ``rope``, top-k ``width``; ``block_size`` given when indices go through a block
-    table; ``has_sink`` with an attention-sink tensor; ``on_gpu`` False under Triton's interpreter (no programmatic dependent launch)."""
+    table; ``has_sink`` with an attention-sink tensor; ``on_gpu`` False under Triton's
+    interpreter (no programmatic dependent launch). ``extra_width`` given when a second index set
+    (into a second cache of ``extra_page_size`` rows per page, with ``extra_block_size`` when its
+    indices go through a block table of their own) joins the same softmax."""
     if num_tokens < 1:
         raise ValueError(f"a plan needs at least one token, got num_tokens={num_tokens}")
     family = FAMILY_OF[kv_format]
     has_bt = block_size is not None
+    has_extra = extra_width is not None
+    # the heuristic sees both sets as one list (it decides the split count from its length)
+    total = width + (extra_width or 0)
     cfg = config or choose_config(
-        num_tokens, num_heads, width, dtype, kv_format, arch, block_table=has_bt
+        num_tokens, num_heads, total, dtype, kv_format, arch, block_table=has_bt
     )
     check_config(cfg, kv_format, has_bt)
-    split_len, num_splits = split_len_for(width, cfg.num_splits, cfg.block_n)
+    extra = None
+    if has_extra:
+        extra = ExtraPlan(
+            width=extra_width,
+            offset=-(-width // cfg.block_n) * cfg.block_n,
+            bt_block_size=extra_block_size if extra_block_size is not None else 1,
+        )
+        total = extra.offset + extra_width
+    split_len, num_splits = split_len_for(total, cfg.num_splits, cfg.block_n)
     split = num_splits > 1
     fp16_mma = cfg.fp16_mma
     if fp16_mma is None:
@@ -142,6 +176,11 @@ def make_plan(
         DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32",
         PDL=pdl,
         HAS_SINK=has_sink,
+        HAS_EXTRA=has_extra,
+        EXTRA_HAS_COUNTS=has_extra and extra_has_counts,
+        EXTRA_HAS_BT=has_extra and extra_block_size is not None,
+        EXTRA_BT_SHIFT=_shift(extra.bt_block_size) if has_extra else -1,
+        EXTRA_PAGE_SHIFT=_shift(extra_page_size) if has_extra else -1,
     )
     if family == LATENT:
         constexprs = dict(
@@ -181,4 +220,5 @@ def make_plan(
         constexprs=constexprs,
         workspace=(num_tokens, num_splits, num_heads, latent) if split else None,
         merge=merge,
+        extra=extra,
     )
