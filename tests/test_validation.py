@@ -286,6 +286,56 @@ CASES = {
         ["attn_sink", f"[H={H}]", f"({H + 1},)"],
     ),
     "sink-2d": (dict(attn_sink=torch.zeros(1, H, device=DEVICE)), ValueError, ["attn_sink"]),
+    # DeepSeek-V4's record
+    "v4-q-width": (
+        dict(kv_cache=u8(4, 2, 584), kv_format="fp8_ds_mla_v4"),
+        ValueError,
+        ["fp8_ds_mla_v4", "512", "(3, 4, 576)"],
+    ),
+    "v4-cache-width": (
+        dict(q=f16(T, H, L), kv_cache=u8(4, 2, 656), kv_format="fp8_ds_mla_v4"),
+        ValueError,
+        ["kv_cache", "584", "(4, 2, 656)"],
+    ),
+    "v4-cache-flat": (
+        dict(q=f16(T, H, L), kv_cache=u8(N, 584), kv_format="fp8_ds_mla_v4"),
+        ValueError,
+        ["kv_cache", "paged", f"({N}, 584)"],
+    ),
+    "v4-cache-dtype": (
+        dict(q=f16(T, H, L), kv_cache=f16(4, 2, 584), kv_format="fp8_ds_mla_v4"),
+        TypeError,
+        ["uint8", "float16"],
+    ),
+    "v4-pages-overlap": (
+        dict(
+            q=f16(T, H, L),
+            kv_cache=u8(4 * 584 * 2).as_strided((4, 2, 584), (584, 584, 1)),
+            kv_format="fp8_ds_mla_v4",
+        ),
+        ValueError,
+        ["kv_cache", "strides", "(584, 584, 1)", "1168"],
+    ),
+    "v4-page-stride-odd": (
+        dict(
+            q=f16(T, H, L),
+            kv_cache=u8(4 * 1200).as_strided((4, 2, 584), (1169, 584, 1)),
+            kv_format="fp8_ds_mla_v4",
+        ),
+        ValueError,
+        ["kv_cache", "even", "1169"],
+    ),
+    "v4-extra-cache-rows": (
+        dict(
+            q=f16(T, H, L),
+            kv_cache=u8(4, 2, 584),
+            kv_format="fp8_ds_mla_v4",
+            extra_kv_cache=u8(6000).as_strided((4, 2, 584), (1168, 600, 1)),
+            extra_indices=i32(T, W),
+        ),
+        ValueError,
+        ["extra_kv_cache", "(1168, 600, 1)"],
+    ),
     # the extra index set
     "extra-cache-alone": (
         dict(extra_kv_cache=f16(N, L + R)),
@@ -474,6 +524,25 @@ def test_extra_set_accepted():
         sparse_mla(**good(**xkw))
     with pytest.raises(AssertionError, match="launched a kernel"):
         sparse_mla(**good(block_table=i32(2, 4), block_size=64, **xkw))
+
+
+def test_v4_record_accepted():
+    """vLLM's V4 allocation (padded page stride) and pages further apart pass validation."""
+    from triton_mla_sparse.kv_format import alloc_fp8_ds_mla_v4
+
+    v4 = dict(q=f16(T, H, L), kv_format="fp8_ds_mla_v4")
+    with pytest.raises(AssertionError, match="launched a kernel"):
+        sparse_mla(**good(kv_cache=alloc_fp8_ds_mla_v4(3, 64, device=DEVICE), **v4))
+    spread = u8(3 * 4000).as_strided((3, 4, 584), (4000, 584, 1))
+    with pytest.raises(AssertionError, match="launched a kernel"):
+        sparse_mla(
+            **good(
+                kv_cache=spread,
+                extra_kv_cache=alloc_fp8_ds_mla_v4(5, 2, device=DEVICE),
+                extra_indices=i32(T, 9),
+                **v4,
+            )
+        )
 
 
 def test_attn_sink_any_stride_accepted():

@@ -77,8 +77,7 @@ def sparse_mla_reference(
     """Reference sparse MLA forward. Returns ``out`` in q's dtype (and the natural-log LSE).
 
     The arguments of :func:`triton_mla_sparse.sparse_mla`, with the same meaning (``config``
-    is ignored: there is no launch). ``kv_format`` may also be one the kernel does not read yet
-    (:data:`triton_mla_sparse.kv_format.REFERENCE_ONLY_KV_FORMATS`): ``"fp8_ds_mla_v4"``, a
+    is ignored: there is no launch). ``kv_format`` may be ``"fp8_ds_mla_v4"``, a
     ``[num_pages, page, 584]`` uint8 cache whose flat row ``page_index * page + slot`` holds 512
     values (NoPE: ``q`` is ``[T, H, 512]``, ``kv_lora_rank=512``). Two arguments of its own:
 

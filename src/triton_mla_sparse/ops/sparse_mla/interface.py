@@ -12,6 +12,8 @@ from ...kv_format import (
     DS_MLA_LATENT,
     DS_MLA_ROPE,
     DS_MLA_ROW_BYTES,
+    DS_V4_TOKEN_BYTES,
+    DS_V4_WIDTH,
     KV_FORMATS,
     REFERENCE_ONLY_KV_FORMATS,
 )
@@ -160,7 +162,7 @@ def _check_cache(
     if cache.device != device:
         raise ValueError(f"{name} must be on {device} like q, got {_shape(cache)}")
     _check_cache_dtype(name, cache, fmt, q_dtype)
-    want = DS_MLA_ROW_BYTES if fmt == "fp8_ds_mla" else width
+    want = {"fp8_ds_mla": DS_MLA_ROW_BYTES, "fp8_ds_mla_v4": DS_V4_TOKEN_BYTES}.get(fmt, width)
     if cache.shape[-1] != want:
         raise ValueError(
             f"{name}'s last dimension must be {want} for kv_format={fmt!r} with q width {width}, "
@@ -176,6 +178,31 @@ def _check_cache(
         raise ValueError(
             f"{name} holds {num_rows} rows ({_shape(cache)}); at most 2^31 - 1 are "
             "addressable by int32 indices"
+        )
+    if fmt == "fp8_ds_mla_v4":
+        _check_v4_pages(name, cache)
+
+
+def _check_v4_pages(name: str, cache: torch.Tensor) -> None:
+    """A V4 record cache: uint8 [num_pages, P, 584] pages whose P * 584 bytes are contiguous
+    (the kernel addresses data rows at slot * 576 and scale rows after them, from the page's
+    first byte), as kv_format.ds_mla_v4_pages requires. Pages may be further apart (vLLM pads
+    them to a multiple of 576 bytes, layers may share a page grid), never closer, and start on
+    even bytes (the bf16 RoPE values)."""
+    if cache.dim() != 3:
+        raise ValueError(
+            f"an fp8_ds_mla_v4 cache must be paged [num_pages, page, {DS_V4_TOKEN_BYTES}] (its "
+            f"page's scale rows follow the page's data rows), got {name} {_shape(cache)}"
+        )
+    page = cache.shape[1]
+    page_bytes = page * DS_V4_TOKEN_BYTES
+    rows_ok = page == 1 or cache.stride(1) == DS_V4_TOKEN_BYTES
+    pages_ok = cache.shape[0] <= 1 or cache.stride(0) >= page_bytes
+    if not (rows_ok and pages_ok and cache.stride(0) % 2 == 0):
+        raise ValueError(
+            f"an fp8_ds_mla_v4 cache needs strides (S, {DS_V4_TOKEN_BYTES}, 1) with S even and "
+            f">= page * {DS_V4_TOKEN_BYTES} = {page_bytes}: {name} {_shape(cache)} with strides "
+            f"{cache.stride()}"
         )
 
 
@@ -328,6 +355,12 @@ def _checked(
         raise ValueError(
             f"fp8_ds_mla holds 512 latent + 64 rope values; q has {L} + {R} (q {q_desc}, "
             f"kv_lora_rank={kv_lora_rank})"
+        )
+    if fmt == "fp8_ds_mla_v4" and (L != DS_V4_WIDTH or R != 0):
+        raise ValueError(
+            f"fp8_ds_mla_v4 holds one 512-wide row (448 NoPE + 64 RoPE values, q . k over all of "
+            f"it, the value all of it): q must be [T, H, 512] with kv_lora_rank=512; got q "
+            f"{q_desc} ({L} + {R}), kv_lora_rank={kv_lora_rank}"
         )
     _check_cache("kv_cache", kv_cache, fmt, dtype, L + R, device)
     _check_int32("indices", indices, 2, device)
@@ -503,7 +536,10 @@ def sparse_mla(
         kv_cache: one latent head per token. Rows ``[N, C]`` or paged ``[num_blocks, page, C]``,
             any strides (block stride may exceed ``page * C``). ``C`` is ``D`` for
             ``kv_format="auto"`` (q's dtype) and ``"fp8"`` (e4m3 as uint8/float8_e4m3fn),
-            656 bytes for ``"fp8_ds_mla"`` (uint8; see :mod:`triton_mla_sparse.kv_format`).
+            656 bytes for ``"fp8_ds_mla"`` (uint8; see :mod:`triton_mla_sparse.kv_format`),
+            584 for ``"fp8_ds_mla_v4"`` (DeepSeek-V4's record: uint8 pages ``[num_pages, P,
+            584]`` as vLLM 0.33 allocates them, strides ``(S, 584, 1)``, ``S >= P * 584`` and
+            even; q ``[T, H, 512]``, ``kv_lora_rank=512``, the value the whole row).
         indices: int32 ``[T, W]``, any ``W >= 1``: rows of the cache in its logical flat order
             (paged: row ``i`` is block ``i // page``, slot ``i % page``). ``-1`` and any index
             outside ``[0, N)`` are skipped wherever they stand and never dereferenced.
@@ -520,7 +556,7 @@ def sparse_mla(
             rows lie past the cache (never wrapped around int32) are skipped. Any strides.
             ``req_ids`` must lie in ``[0, R)``: not checked (that would read a device tensor on
             the host); an id outside it reads outside ``block_table``.
-        kv_format: ``"auto"``, ``"fp8"`` or ``"fp8_ds_mla"``.
+        kv_format: ``"auto"``, ``"fp8"``, ``"fp8_ds_mla"`` or ``"fp8_ds_mla_v4"``.
         k_scale: per-tensor dequantization scale for ``"fp8"`` (float or 0-d/1-element float32
             tensor on q's device, the latter for CUDA graphs); default 1.
         attn_sink: optional float32 ``[H]`` on q's device, any stride: a per-head attention

@@ -10,16 +10,21 @@ import torch
 
 from .kernels import (
     sparse_mla_ds_mla_fwd_kernel,
+    sparse_mla_ds_mla_v4_fwd_kernel,
     sparse_mla_latent_fwd_kernel,
     sparse_mla_merge_kernel,
 )
-from .plan import DS_MLA, LATENT, LaunchPlan
+from .plan import DS_MLA, DS_MLA_V4, LATENT, LaunchPlan
 
 # the forward kernel of each family (looked up per call: tools swap entries for recorders)
-FORWARD = {LATENT: sparse_mla_latent_fwd_kernel, DS_MLA: sparse_mla_ds_mla_fwd_kernel}
+FORWARD = {
+    LATENT: sparse_mla_latent_fwd_kernel,
+    DS_MLA: sparse_mla_ds_mla_fwd_kernel,
+    DS_MLA_V4: sparse_mla_ds_mla_v4_fwd_kernel,
+}
 
 
-def _cache_geometry(kv_cache: torch.Tensor, family: str) -> tuple[int, int, int, int, int]:
+def _cache_geometry(kv_cache: torch.Tensor) -> tuple[int, int, int, int, int]:
     """(num_rows, page_size, stride_block, stride_row, stride_col) of a flat or paged cache."""
     if kv_cache.dim() == 2:
         return kv_cache.shape[0], 1, kv_cache.stride(0), 0, kv_cache.stride(1)
@@ -41,7 +46,7 @@ def _extra_args(
         assert kv_cache is None and indices is None, "an extra set passed to a plan without one"
         return [None] * _NUM_EXTRA_ARGS
     assert kv_cache is not None and indices is not None, "the plan's extra set was not passed"
-    num_rows, page, s_kb, s_kr, s_kd = _cache_geometry(kv_cache, plan.family)
+    num_rows, page, s_kb, s_kr, s_kd = _cache_geometry(kv_cache)
     args = [
         kv_cache,
         indices,
@@ -90,7 +95,7 @@ def launch_sparse_mla(
 ) -> None:
     T, H, _ = q_lat.shape
     W = indices.shape[1]
-    num_rows, page, s_kb, s_kr, s_kd = _cache_geometry(kv_cache, plan.family)
+    num_rows, page, s_kb, s_kr, s_kd = _cache_geometry(kv_cache)
     dummy = indices  # any tensor, for pointers a variant never reads
     q_r = q_rope if q_rope is not None else q_lat
     if plan.workspace is not None:

@@ -19,7 +19,8 @@ from .heuristics import Arch, KernelConfig, choose_config, fp16_mma_for, split_l
 # Kernel families (kernels/): one per way a cache row is laid out.
 LATENT = "latent"  # a plain [L + R] row: q's dtype ("auto") or per-tensor e4m3 ("fp8")
 DS_MLA = "ds_mla"  # fp8_ds_mla: four scaled e4m3 chunks + bf16 rope
-FAMILY_OF = {"auto": LATENT, "fp8": LATENT, "fp8_ds_mla": DS_MLA}
+DS_MLA_V4 = "ds_mla_v4"  # fp8_ds_mla_v4: DeepSeek-V4's paged record, seven scaled chunks + rope
+FAMILY_OF = {"auto": LATENT, "fp8": LATENT, "fp8_ds_mla": DS_MLA, "fp8_ds_mla_v4": DS_MLA_V4}
 
 
 def _shift(n: int) -> int:
@@ -91,10 +92,10 @@ def check_config(cfg: KernelConfig, kv_format: str, has_bt: bool) -> None:
             f"config {cfg} asks for indices a step ahead (idx_ahead=True), which the "
             f"kv_format={kv_format!r} kernel does not do: pass idx_ahead=False"
         )
-    if cfg.stage_dequant and FAMILY_OF[kv_format] != DS_MLA:
+    if cfg.stage_dequant and FAMILY_OF[kv_format] == LATENT:
         raise ValueError(
             f"config {cfg} asks for stage_dequant=True, which applies to "
-            f"kv_format='fp8_ds_mla' only (got kv_format={kv_format!r})"
+            f"kv_format='fp8_ds_mla' and 'fp8_ds_mla_v4' only (got kv_format={kv_format!r})"
         )
 
 
