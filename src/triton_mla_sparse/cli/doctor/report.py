@@ -113,7 +113,7 @@ def memory_line(model: Model, cache_dtype: str) -> str:
     row = ROW_BYTES[cache_dtype]
     per_token = model.layers * (row + INDEXER_ROW_BYTES)
     return (
-        f"KV cache per token on each GPU with a {cache_dtype} cache (the latent is not split by "
+        f"KV cache per token on each GPU, {cache_text(cache_dtype)} (the latent is not split by "
         f"TP): {model.layers} layers x ({row} + {INDEXER_ROW_BYTES} indexer) B = {per_token} B "
         f"= {per_token / 1000:.1f} KB"
     )
