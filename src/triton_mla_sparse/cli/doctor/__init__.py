@@ -31,6 +31,8 @@ from .models import (
     parse_model,
     parse_tp,
 )
+from .report import details, first_line
+from .simulation import PluginStatus, Simulation, import_cuda_platform, plugin_status
 
 __all__ = ["DESCRIPTION", "add_doctor_args", "doctor_main", "run"]
 
@@ -100,6 +102,38 @@ def _gpu() -> tuple[str, tuple[int, int] | None, int | None]:
     )
 
 
+def _machine_lines(
+    gpu: str,
+    cap: tuple[int, int],
+    simulated: bool,
+    vllm_version: str,
+    plugin: PluginStatus,
+    stood_in: list[str],
+) -> list[str]:
+    """The last block: what this machine and its vLLM install are."""
+    answering = f"; answering for {capability_text(cap)} (--capability)" if simulated else ""
+    out = ["This machine:", f"  GPU: {gpu}{answering}", f"  vLLM: {vllm_version}"]
+    out += [f"  plugin: {line}" for line in plugin.lines]
+    if not plugin.active:
+        auto = "off (vLLM does not load this plugin)"
+    elif plugin.autoselect:
+        auto = "on: last in vLLM's CUDA MLA priority list (chosen where nothing else is valid)"
+    else:
+        auto = f"off (TRITON_MLA_SPARSE_AUTOSELECT): only --attention-backend {plugin.flag}"
+    out.append(f"  automatic selection: {auto}")
+    if stood_in:
+        out.append(
+            "  stood in (cannot load here; selection never calls them): " + "; ".join(stood_in)
+        )
+    if simulated:
+        out.append(
+            "  a simulated GPU is only as good as this machine's answers: backends that probe the "
+            "device or their CUDA extension are rejected here (marked 'may come first'); run the "
+            "doctor on the serving node for its own answer"
+        )
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         model = parse_model(args.model)
@@ -150,9 +184,6 @@ def run(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
-    from .report import details, first_line
-    from .simulation import Simulation, import_cuda_platform, plugin_status
-
     # vLLM logs at INFO while importing and selecting; keep the report readable.
     logging.getLogger("vllm").setLevel(logging.ERROR)
     with contextlib.redirect_stderr(io.StringIO()):
@@ -189,29 +220,8 @@ def run(args: argparse.Namespace) -> int:
         for line in details(case, cap, plugin, indexer, caches, kernel(kv)):
             print(line)
     print()
-    print("This machine:")
-    print(
-        f"  GPU: {gpu}"
-        + (f"; answering for {capability_text(cap)} (--capability)" if simulated else "")
-    )
-    print(f"  vLLM: {vllm_version}")
-    for line in plugin.lines:
-        print(f"  plugin: {line}")
-    if not plugin.active:
-        auto = "off (vLLM does not load this plugin)"
-    elif plugin.autoselect:
-        auto = "on: last in vLLM's CUDA MLA priority list (chosen where nothing else is valid)"
-    else:
-        auto = f"off (TRITON_MLA_SPARSE_AUTOSELECT): only --attention-backend {plugin.flag}"
-    print(f"  automatic selection: {auto}")
-    if stood_in:
-        print("  stood in (cannot load here; selection never calls them): " + "; ".join(stood_in))
-    if simulated:
-        print(
-            "  a simulated GPU is only as good as this machine's answers: backends that probe the "
-            "device or their CUDA extension are rejected here (marked 'may come first'); run the "
-            "doctor on the serving node for its own answer"
-        )
+    for line in _machine_lines(gpu, cap, simulated, vllm_version, plugin, stood_in):
+        print(line)
     return 0
 
 
