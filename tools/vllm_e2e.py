@@ -128,7 +128,7 @@ OUTLIER_FRACTION = 0.02
 ENV_GAIN = "VLLM_E2E_WEIGHT_GAIN"
 ENV_SEED = "VLLM_E2E_WEIGHT_SEED"
 ENV_WEIGHTS_FILE = "VLLM_E2E_WEIGHTS_FILE"
-INDEXER_ENV = "TRITON_MLA_SPARSE_INDEXER"  # triton_mla_sparse.vllm_plugin.indexer.ENV
+INDEXER_ENV = "TRITON_MLA_SPARSE_INDEXER"  # triton_mla_sparse.vllm_plugin.indexer_install.ENV
 HOOK_MARK = "_vllm_e2e_weight_hook"
 PLUGIN_GROUP = "vllm.general_plugins"
 PLUGIN_EP_NAME = "triton_mla_sparse"
@@ -502,7 +502,7 @@ def skip_reason(case: Case, capability: tuple[int, int] | None) -> str | None:
     if case.backend == FLASHMLA and capability[0] not in (9, 10):
         return "FLASHMLA_SPARSE needs SM90/SM100"  # flashmla_sparse.py:203-204
     if case.indexer == "triton" and capability[0] == 10:
-        return f"{INDEXER_ENV}=triton is ignored on SM100 (vllm_plugin/indexer.py)"
+        return f"{INDEXER_ENV}=triton is ignored on SM100 (vllm_plugin/indexer_install.py)"
     if capability < (8, 0):
         return "the plugin needs SM80 or newer"
     return None
@@ -766,9 +766,10 @@ def _run_case(spec: dict[str, Any], result: dict[str, Any]) -> None:
     import triton_mla_sparse.vllm_plugin as plugin
 
     # vLLM would call this through the entry point; a package only on PYTHONPATH may have none.
-    registered = plugin.register()
+    reg = plugin.registration()
+    registered = reg.registered
     info["plugin_registered"] = registered
-    info["plugin_reason"] = str(getattr(plugin, "_state", {}).get("reason", ""))
+    info["plugin_reason"] = reg.reason
     if spec["backend"] == PLUGIN and not registered:
         raise RuntimeError(f"the plugin registered nothing: {info['plugin_reason']}")
     info["weight_hook"] = install_weight_hook()
@@ -820,7 +821,7 @@ def _run_case(spec: dict[str, Any], result: dict[str, Any]) -> None:
     import vllm_e2e  # this file, by module name: picklable for --multiproc workers
 
     info["attention"] = llm.apply_model(vllm_e2e._attention_summary)[0]
-    from triton_mla_sparse.vllm_plugin.indexer import indexer_plan, installed_targets
+    from triton_mla_sparse.vllm_plugin.indexer_install import indexer_plan, installed_targets
 
     plan = indexer_plan((props.major, props.minor))
     info["indexer_plan"] = sorted(plan.targets) if plan.install else []
