@@ -3,7 +3,8 @@
 Each case draws a format, q dtype, latent and rope widths, token / head / top-k counts, a flat or
 paged cache (any page size), raw indices over [-3, N + 3) or request-local positions through a
 random block table (with -1 entries, any block size), optional valid_counts, a tensor or float
-k_scale, q as one tensor or a (latent, rope) tuple, an attention sink, and half the time an explicit KernelConfig
+k_scale, q as one tensor or a (latent, rope) tuple, an attention sink, an extra index set into a
+second cache (its own page size, counts, block table), and half the time an explicit KernelConfig
 (block sizes, warps, stages, split count, fp8 decode, MMA type, step-ahead or staged loops where
 the family has them). out is a view into a NaN-poisoned wider buffer: every output element must
 be written and nothing past it. It found the merge writing past narrow outputs (PERFORMANCE.md
@@ -41,22 +42,25 @@ def draw(rng: random.Random, g: torch.Generator) -> dict:
     else:
         lat, rope = rng.choice([16, 32, 64, 128]), rng.choice([0, 16, 32])
     T, H, W = rng.randint(1, 4), rng.randint(1, 40), rng.randint(1, 200)
-    page, nb = rng.choice([1, 16, 48, 64]), rng.randint(1, 8)
-    n = nb * page
-    rows = torch.randn(n, lat + rope, generator=g)
     kw: dict = {"kv_format": fmt, "kv_lora_rank": lat}
-    if fmt == "fp8_ds_mla":
-        full = rows if rope else torch.cat([rows, torch.zeros(n, 64)], dim=1)
-        cache = pack_fp8_ds_mla(full, rng.choice(["pow2", "fp32"]))
-    elif fmt == "fp8":
-        scale = rng.choice([0.25, 0.5, 1.0])
-        cache, _ = quantize_fp8(rows, k_scale=scale)
-        cache = cache.view(torch.uint8)
+    scale = rng.choice([0.25, 0.5, 1.0])  # fp8: one per-tensor scale for both caches
+    if fmt == "fp8":
         kw["k_scale"] = torch.tensor([scale]) if rng.random() < 0.5 else scale
-    else:
-        cache = rows.to(dt)
-    if page > 1:
-        cache = cache.view(nb, page, -1)
+
+    def new_cache():
+        page, nb = rng.choice([1, 16, 48, 64]), rng.randint(1, 8)
+        n = nb * page
+        rows = torch.randn(n, lat + rope, generator=g)
+        if fmt == "fp8_ds_mla":
+            full = rows if rope else torch.cat([rows, torch.zeros(n, 64)], dim=1)
+            cache = pack_fp8_ds_mla(full, rng.choice(["pow2", "fp32"]))
+        elif fmt == "fp8":
+            cache = quantize_fp8(rows, k_scale=scale)[0].view(torch.uint8)
+        else:
+            cache = rows.to(dt)
+        return (cache.view(nb, page, -1) if page > 1 else cache), n
+
+    cache, n = new_cache()
     q = torch.randn(T, H, lat + rope, generator=g).to(dt)
     if rng.random() < 0.3:
         bs = rng.choice([16, 48, 64])
@@ -70,6 +74,20 @@ def draw(rng: random.Random, g: torch.Generator) -> dict:
         idx = torch.randint(-3, n + 3, (T, W), generator=g)
     if rng.random() < 0.3:
         kw["valid_counts"] = torch.randint(0, W + 2, (T,), generator=g)
+    if rng.random() < 0.3:  # an extra index set into a second cache of its own page size
+        kw["extra_kv_cache"], xn = new_cache()
+        xw = rng.randint(1, 150)
+        if "block_table" in kw and rng.random() < 0.5:
+            xbs, xmax = rng.choice([8, 16, 64]), rng.randint(1, 5)
+            xtable = torch.randint(
+                -1, max(1, xn // xbs) + 1, (kw["block_table"].shape[0], xmax), generator=g
+            )
+            kw["extra_block_table"], kw["extra_block_size"] = xtable, xbs
+            kw["extra_indices"] = torch.randint(-2, xmax * xbs + 3, (T, xw), generator=g)
+        else:
+            kw["extra_indices"] = torch.randint(-3, xn + 3, (T, xw), generator=g)
+        if rng.random() < 0.5:
+            kw["extra_valid_counts"] = torch.randint(-1, xw + 2, (T,), generator=g)
     cfg = None
     if rng.random() < 0.5:
         ahead = fmt != "fp8_ds_mla" and "block_table" not in kw and rng.random() < 0.3

@@ -286,6 +286,198 @@ CASES = {
         ["attn_sink", f"[H={H}]", f"({H + 1},)"],
     ),
     "sink-2d": (dict(attn_sink=torch.zeros(1, H, device=DEVICE)), ValueError, ["attn_sink"]),
+    # DeepSeek-V4's record
+    "v4-q-width": (
+        dict(kv_cache=u8(4, 2, 584), kv_format="fp8_ds_mla_v4"),
+        ValueError,
+        ["fp8_ds_mla_v4", "512", "(3, 4, 576)"],
+    ),
+    "v4-cache-width": (
+        dict(q=f16(T, H, L), kv_cache=u8(4, 2, 656), kv_format="fp8_ds_mla_v4"),
+        ValueError,
+        ["kv_cache", "584", "(4, 2, 656)"],
+    ),
+    "v4-cache-flat": (
+        dict(q=f16(T, H, L), kv_cache=u8(N, 584), kv_format="fp8_ds_mla_v4"),
+        ValueError,
+        ["kv_cache", "paged", f"({N}, 584)"],
+    ),
+    "v4-cache-dtype": (
+        dict(q=f16(T, H, L), kv_cache=f16(4, 2, 584), kv_format="fp8_ds_mla_v4"),
+        TypeError,
+        ["uint8", "float16"],
+    ),
+    "v4-pages-overlap": (
+        dict(
+            q=f16(T, H, L),
+            kv_cache=u8(4 * 584 * 2).as_strided((4, 2, 584), (584, 584, 1)),
+            kv_format="fp8_ds_mla_v4",
+        ),
+        ValueError,
+        ["kv_cache", "strides", "(584, 584, 1)", "1168"],
+    ),
+    "v4-page-stride-odd": (
+        dict(
+            q=f16(T, H, L),
+            kv_cache=u8(4 * 1200).as_strided((4, 2, 584), (1169, 584, 1)),
+            kv_format="fp8_ds_mla_v4",
+        ),
+        ValueError,
+        ["kv_cache", "even", "1169"],
+    ),
+    "v4-extra-cache-rows": (
+        dict(
+            q=f16(T, H, L),
+            kv_cache=u8(4, 2, 584),
+            kv_format="fp8_ds_mla_v4",
+            extra_kv_cache=u8(6000).as_strided((4, 2, 584), (1168, 600, 1)),
+            extra_indices=i32(T, W),
+        ),
+        ValueError,
+        ["extra_kv_cache", "(1168, 600, 1)"],
+    ),
+    # the extra index set
+    "extra-cache-alone": (
+        dict(extra_kv_cache=f16(N, L + R)),
+        ValueError,
+        ["extra_kv_cache", "extra_indices", "None", f"({N}, {L + R})"],
+    ),
+    "extra-indices-alone": (
+        dict(extra_indices=i32(T, W)),
+        ValueError,
+        ["extra_kv_cache", "extra_indices", f"({T}, {W})"],
+    ),
+    "extra-counts-alone": (
+        dict(extra_valid_counts=i32(T)),
+        ValueError,
+        ["extra_valid_counts", "extra_kv_cache"],
+    ),
+    "extra-cache-list": (
+        dict(extra_kv_cache=[[0.0] * (L + R)] * N, extra_indices=i32(T, W)),
+        TypeError,
+        ["extra_kv_cache", "list"],
+    ),
+    "extra-cache-dtype": (
+        dict(extra_kv_cache=f16(N, L + R).float(), extra_indices=i32(T, W)),
+        TypeError,
+        ["extra_kv_cache", "float32", "auto"],
+    ),
+    "extra-cache-width": (
+        dict(extra_kv_cache=f16(N, L + R + 2), extra_indices=i32(T, W)),
+        ValueError,
+        ["extra_kv_cache", "576", f"({N}, {L + R + 2})"],
+    ),
+    "extra-cache-rank": (
+        dict(extra_kv_cache=f16(2, 2, N, L + R), extra_indices=i32(T, W)),
+        ValueError,
+        ["extra_kv_cache"],
+    ),
+    "extra-cache-format": (
+        dict(
+            kv_cache=u8(N, 656),
+            kv_format="fp8_ds_mla",
+            extra_kv_cache=u8(N, L + R),
+            extra_indices=i32(T, W),
+        ),
+        ValueError,
+        ["extra_kv_cache", "656", "fp8_ds_mla"],
+    ),
+    "extra-cache-colstride": (
+        dict(
+            kv_cache=u8(N, L + R),
+            kv_format="fp8",
+            extra_kv_cache=u8(L + R, N).t(),
+            extra_indices=i32(T, W),
+        ),
+        ValueError,
+        ["extra_kv_cache", "unit stride"],
+    ),
+    "extra-cache-rows-2^31": (
+        dict(extra_kv_cache=f16(1, L + R).expand(2**31, L + R), extra_indices=i32(T, W)),
+        ValueError,
+        ["extra_kv_cache", "2^31"],
+    ),
+    "extra-indices-int64": (
+        dict(
+            extra_kv_cache=f16(N, L + R),
+            extra_indices=torch.zeros(T, W, dtype=torch.int64, device=DEVICE),
+        ),
+        TypeError,
+        ["extra_indices", "int32", "int64"],
+    ),
+    "extra-indices-T": (
+        dict(extra_kv_cache=f16(N, L + R), extra_indices=i32(T + 1, W)),
+        ValueError,
+        ["extra_indices", f"T={T}", f"({T + 1}, {W})"],
+    ),
+    "extra-indices-W0": (
+        dict(extra_kv_cache=f16(N, L + R), extra_indices=i32(T, 0)),
+        ValueError,
+        ["extra_indices", f"({T}, 0)"],
+    ),
+    "extra-counts-T": (
+        dict(extra_kv_cache=f16(N, L + R), extra_indices=i32(T, W), extra_valid_counts=i32(T + 1)),
+        ValueError,
+        ["extra_valid_counts", f"({T + 1},)"],
+    ),
+    "extra-counts-float": (
+        dict(extra_kv_cache=f16(N, L + R), extra_indices=i32(T, W), extra_valid_counts=f16(T)),
+        TypeError,
+        ["extra_valid_counts"],
+    ),
+    "extra-bt-without-size": (
+        dict(
+            extra_kv_cache=f16(N, L + R),
+            extra_indices=i32(T, W),
+            extra_block_table=i32(2, 4),
+            req_ids=i32(T),
+        ),
+        ValueError,
+        ["extra_block_table", "extra_block_size"],
+    ),
+    "extra-bt-without-req": (
+        dict(
+            extra_kv_cache=f16(N, L + R),
+            extra_indices=i32(T, W),
+            extra_block_table=i32(2, 4),
+            extra_block_size=16,
+        ),
+        ValueError,
+        ["req_ids", "extra_block_table"],
+    ),
+    "extra-block-size-0": (
+        dict(
+            extra_kv_cache=f16(N, L + R),
+            extra_indices=i32(T, W),
+            extra_block_table=i32(2, 4),
+            extra_block_size=0,
+            req_ids=i32(T),
+        ),
+        ValueError,
+        ["extra_block_size"],
+    ),
+    "extra-bt-rank": (
+        dict(
+            extra_kv_cache=f16(N, L + R),
+            extra_indices=i32(T, W),
+            extra_block_table=i32(8),
+            extra_block_size=16,
+            req_ids=i32(T),
+        ),
+        ValueError,
+        ["extra_block_table"],
+    ),
+    "extra-req-T": (
+        dict(
+            extra_kv_cache=f16(N, L + R),
+            extra_indices=i32(T, W),
+            extra_block_table=i32(2, 4),
+            extra_block_size=16,
+            req_ids=i32(T + 1),
+        ),
+        ValueError,
+        ["req_ids"],
+    ),
 }
 
 
@@ -315,6 +507,42 @@ def test_softmax_scale_numbers_accepted(scale):
     """Any finite Python or NumPy real number passes validation (and reaches the launch)."""
     with pytest.raises(AssertionError, match="launched a kernel"):
         sparse_mla(**good(softmax_scale=scale))
+
+
+def test_extra_set_accepted():
+    """A paged extra cache of another page size, its counts and its own block table (request
+    ids shared with the main set's table, or given for the extra table alone) pass validation."""
+    xkw = dict(
+        extra_kv_cache=f16(4, 16, L + R),
+        extra_indices=i32(T, 7),
+        extra_valid_counts=i32(2 * T)[::2],
+        extra_block_table=i32(2, 3),
+        extra_block_size=16,
+        req_ids=i32(T),
+    )
+    with pytest.raises(AssertionError, match="launched a kernel"):
+        sparse_mla(**good(**xkw))
+    with pytest.raises(AssertionError, match="launched a kernel"):
+        sparse_mla(**good(block_table=i32(2, 4), block_size=64, **xkw))
+
+
+def test_v4_record_accepted():
+    """vLLM's V4 allocation (padded page stride) and pages further apart pass validation."""
+    from triton_mla_sparse.kv_format import alloc_fp8_ds_mla_v4
+
+    v4 = dict(q=f16(T, H, L), kv_format="fp8_ds_mla_v4")
+    with pytest.raises(AssertionError, match="launched a kernel"):
+        sparse_mla(**good(kv_cache=alloc_fp8_ds_mla_v4(3, 64, device=DEVICE), **v4))
+    spread = u8(3 * 4000).as_strided((3, 4, 584), (4000, 584, 1))
+    with pytest.raises(AssertionError, match="launched a kernel"):
+        sparse_mla(
+            **good(
+                kv_cache=spread,
+                extra_kv_cache=alloc_fp8_ds_mla_v4(5, 2, device=DEVICE),
+                extra_indices=i32(T, 9),
+                **v4,
+            )
+        )
 
 
 def test_attn_sink_any_stride_accepted():

@@ -39,7 +39,10 @@ Python), recomputes the call with ``sparse_mla_reference`` in float64 on the GPU
 inputs (at most 64 sampled tokens with a valid index; only the cache rows they select). Each
 call's errors go to ``info.layer_check``; a relative Frobenius error or an LSE error over the
 package's tolerance for the output dtype (``triton_mla_sparse.testing``; bf16: 1e-2 each) or a
-non-finite output fails the case (column "kernel vs fp64").
+non-finite output fails the case (column "kernel vs fp64"). ``--layer-check-reference`` checks
+vLLM's own backend the same way (FLASHMLA_SPARSE's ``forward_mqa``, on the physical rows vLLM
+converts its top-k into), so that when the two disagree end to end the column says which one is
+off the float64 reference.
 
 The dummy weights are vLLM's dummy loader's, redrawn per tensor as U(-a, a) with
 a = gain * sqrt(3 / fan_in) from a seed and the tensor's name (:func:`rescale_dummy_weights`).
@@ -126,7 +129,7 @@ OUTLIER_FRACTION = 0.02
 ENV_GAIN = "VLLM_E2E_WEIGHT_GAIN"
 ENV_SEED = "VLLM_E2E_WEIGHT_SEED"
 ENV_WEIGHTS_FILE = "VLLM_E2E_WEIGHTS_FILE"
-INDEXER_ENV = "TRITON_MLA_SPARSE_INDEXER"  # triton_mla_sparse.vllm_plugin.indexer.ENV
+INDEXER_ENV = "TRITON_MLA_SPARSE_INDEXER"  # triton_mla_sparse.vllm_plugin.indexer_install.ENV
 HOOK_MARK = "_vllm_e2e_weight_hook"
 PLUGIN_GROUP = "vllm.general_plugins"
 PLUGIN_EP_NAME = "triton_mla_sparse"
@@ -500,7 +503,7 @@ def skip_reason(case: Case, capability: tuple[int, int] | None) -> str | None:
     if case.backend == FLASHMLA and capability[0] not in (9, 10):
         return "FLASHMLA_SPARSE needs SM90/SM100"  # flashmla_sparse.py:203-204
     if case.indexer == "triton" and capability[0] == 10:
-        return f"{INDEXER_ENV}=triton is ignored on SM100 (vllm_plugin/indexer.py)"
+        return f"{INDEXER_ENV}=triton is ignored on SM100 (vllm_plugin/indexer_install.py)"
     if capability < (8, 0):
         return "the plugin needs SM80 or newer"
     return None
@@ -764,9 +767,10 @@ def _run_case(spec: dict[str, Any], result: dict[str, Any]) -> None:
     import triton_mla_sparse.vllm_plugin as plugin
 
     # vLLM would call this through the entry point; a package only on PYTHONPATH may have none.
-    registered = plugin.register()
+    reg = plugin.registration()
+    registered = reg.registered
     info["plugin_registered"] = registered
-    info["plugin_reason"] = str(getattr(plugin, "_state", {}).get("reason", ""))
+    info["plugin_reason"] = reg.reason
     if spec["backend"] == PLUGIN and not registered:
         raise RuntimeError(f"the plugin registered nothing: {info['plugin_reason']}")
     info["weight_hook"] = install_weight_hook()
@@ -789,15 +793,20 @@ def _run_case(spec: dict[str, Any], result: dict[str, Any]) -> None:
     # profiling and capture runs) against the float64 reference on the same tensors.
     lc_calls = int(spec.get("layer_check_calls") or 0)
     lc_state = None
-    if spec["backend"] == PLUGIN and lc_calls > 0:
+    if lc_calls > 0:
         lc: dict[str, Any] = {"enabled": True, "max_calls": lc_calls, "calls": []}
         info["layer_check"] = lc
         if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0":
-            from triton_mla_sparse.vllm_plugin.backend import TritonMLASparseImpl
-
             lc["max_tokens_per_call"] = LAYER_CHECK_TOKENS
             lc["compute_dtype"] = "float64 (on the GPU; the cache dequantized in float32)"
-            lc_state = install_layer_check(TritonMLASparseImpl, lc_calls, lc["calls"])
+            if spec["backend"] == PLUGIN:
+                from triton_mla_sparse.vllm_plugin.backend import TritonMLASparseImpl
+
+                lc_state = install_layer_check(TritonMLASparseImpl, lc_calls, lc["calls"])
+            else:
+                from vllm.v1.attention.backends.mla.flashmla_sparse import FlashMLASparseImpl
+
+                lc_state = install_reference_layer_check(FlashMLASparseImpl, lc_calls, lc["calls"])
         else:
             lc.update(enabled=False, note="the engine runs in another process (--multiproc)")
 
@@ -813,7 +822,7 @@ def _run_case(spec: dict[str, Any], result: dict[str, Any]) -> None:
     import vllm_e2e  # this file, by module name: picklable for --multiproc workers
 
     info["attention"] = llm.apply_model(vllm_e2e._attention_summary)[0]
-    from triton_mla_sparse.vllm_plugin.indexer import indexer_plan, installed_targets
+    from triton_mla_sparse.vllm_plugin.indexer_install import indexer_plan, installed_targets
 
     plan = indexer_plan((props.major, props.minor))
     info["indexer_plan"] = sorted(plan.targets) if plan.install else []
@@ -1053,9 +1062,12 @@ def install_layer_check(impl_cls: Any, calls: int, sink: list[dict[str, Any]]) -
             state["skipped_capture"] += 1
             return res
         try:
-            from vllm.v1.attention.backends.mla.sparse_utils import flat_kv_row_view
+            if kv_cache.dim() == 2:
+                rows = kv_cache
+            else:  # vLLM's paged cache: its own flat row view, as the kernel indexes it
+                from vllm.v1.attention.backends.mla.sparse_utils import flat_kv_row_view
 
-            rows = kv_cache if kv_cache.dim() == 2 else flat_kv_row_view(kv_cache, block_size)[0]
+                rows = flat_kv_row_view(kv_cache, block_size)[0]
             out, lse = res
             rec = layer_check_compare(
                 q,
@@ -1079,6 +1091,82 @@ def install_layer_check(impl_cls: Any, calls: int, sink: list[dict[str, Any]]) -
 
     wrapped.__wrapped__ = real  # type: ignore[attr-defined]
     impl_cls._forward_mqa_kernel = wrapped
+    return state
+
+
+def install_reference_layer_check(
+    impl_cls: Any, calls: int, sink: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """:func:`install_layer_check` for vLLM's own sparse backend (``--layer-check-reference``):
+    wraps ``impl_cls.forward_mqa`` (FLASHMLA_SPARSE's whole top-k path: the bf16 kernel, and for
+    an fp8_ds_mla cache the fp8 decode kernel or the bf16-upconverted prefill) and checks its
+    output against the same float64 reference, on the physical rows vLLM's common sparse MLA
+    ``forward_mqa`` converts the request-local top-k into (``triton_convert_req_index_to_global_index``,
+    the conversion the plugin's kernel receives). Without DCP or HiSparse only, as these cases
+    run. Both backends then carry a "kernel vs fp64" figure measured the same way."""
+    import torch
+
+    state: dict[str, Any] = {
+        "armed": False,
+        "skipped_unarmed": 0,
+        "skipped_capture": 0,
+        "errors": [],
+    }
+    real = impl_cls.forward_mqa
+
+    def wrapped(self, q, kv_cache, attn_metadata, layer):
+        res = real(self, q, kv_cache, attn_metadata, layer)
+        if len(sink) >= calls:
+            return res
+        if not state["armed"]:
+            state["skipped_unarmed"] += 1
+            return res
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            state["skipped_capture"] += 1
+            return res
+        try:
+            from vllm.v1.attention.backends.mla.sparse_utils import (
+                flat_kv_row_view,
+                triton_convert_req_index_to_global_index,
+            )
+
+            t = q[0].shape[0] if isinstance(q, tuple) else q.shape[0]
+            h = q[0].shape[1] if isinstance(q, tuple) else q.shape[1]
+            topk = self.topk_indices_buffer[:t]
+            block_size = attn_metadata.block_size
+            rows, stride_rows = flat_kv_row_view(kv_cache, block_size)
+            phys, counts = triton_convert_req_index_to_global_index(
+                attn_metadata.req_id_per_token[:t],
+                attn_metadata.block_table,
+                topk,
+                BLOCK_SIZE=block_size,
+                BLOCK_STRIDE_ROWS=stride_rows,
+                NUM_TOPK_TOKENS=topk.shape[1],
+                return_valid_counts=True,
+            )
+            out, lse = res
+            fmt = "fp8_ds_mla" if self.kv_cache_dtype == "fp8_ds_mla" else "auto"
+            rec = layer_check_compare(
+                q,
+                rows,
+                phys,
+                counts,
+                out[:, :h],  # heads padded for the kernel are not the model's
+                None,  # returned for decode rows only, under DCP: not compared
+                scale=self.scale,
+                kv_lora_rank=self.kv_lora_rank,
+                kv_format=fmt,
+                is_decode=attn_metadata.num_decode_tokens >= t,
+            )
+            rec["layer"] = str(getattr(layer, "layer_name", ""))
+            sink.append(rec)
+        except Exception as e:  # recorded: the case's layer check then fails
+            state["errors"].append(f"{type(e).__name__}: {e}"[:500])
+            sink.append({"ok": False, "reasons": [f"reference failed: {type(e).__name__}: {e}"]})
+        return res
+
+    wrapped.__wrapped__ = real  # type: ignore[attr-defined]
+    impl_cls.forward_mqa = wrapped
     return state
 
 
@@ -1476,6 +1564,7 @@ def _case_spec(
     model_cfg: dict[str, Any],
     shim: str | None,
     layer_check_calls: int = LAYER_CHECK_CALLS,
+    layer_check_reference: bool = False,
 ) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "id": case_id(family, heads, case.name),
@@ -1498,7 +1587,8 @@ def _case_spec(
         "prompts": prompts,
         "shim": shim,
     }
-    if case.backend == PLUGIN and layer_check_calls > 0:  # FlashMLA cases keep their hash
+    # FlashMLA cases keep their hash unless --layer-check-reference asks to check them too
+    if layer_check_calls > 0 and (case.backend == PLUGIN or layer_check_reference):
         spec["layer_check_calls"] = layer_check_calls
     spec["hash"] = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
     spec["model_dir"] = str(model_dir)
@@ -1829,6 +1919,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         f"default {LAYER_CHECK_CALLS})",
     )
     p.add_argument(
+        "--layer-check-reference",
+        action="store_true",
+        help="check vLLM's own backend (FLASHMLA_SPARSE's forward_mqa) against the float64 "
+        "reference the same way, to tell which of two disagreeing runs is off",
+    )
+    p.add_argument(
         "--multiproc", action="store_true", help="keep vLLM's engine-core process (default: off)"
     )
     args = p.parse_args(argv)
@@ -1937,6 +2033,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             cfg,
             args.shim,
             0 if args.no_layer_check else args.layer_check_calls,
+            args.layer_check_reference,
         )
 
     todo = list(specs)

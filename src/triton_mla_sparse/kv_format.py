@@ -10,10 +10,10 @@ Formats (one latent "head" per token):
   multiplies latent values ``128j .. 128j+127``), ``[528, 656)`` 64 bf16 rope values.
 - ``"fp8_ds_mla_v4"``: DeepSeek-V4's 584-byte paged record, ``torch.uint8``
   ``[num_pages, page_size, 584]``; a page holds all its 576-byte data rows, then all its 8-byte
-  scale rows (layout and quantisation rule: the section "DeepSeek-V4" below). Read by
-  :func:`dequantize_cache` and so by the reference; the ``sparse_mla`` kernel does not read it
-  yet (:data:`KV_FORMATS` lists what the kernel reads, :data:`REFERENCE_KV_FORMATS` what the
-  reference reads).
+  scale rows (layout and quantisation rule: the section "DeepSeek-V4" below). Read in place by
+  the ``sparse_mla`` kernel (q and k 512 wide, the value the whole row) and by
+  :func:`dequantize_cache` for the reference (:data:`KV_FORMATS` lists what the kernel reads,
+  :data:`REFERENCE_KV_FORMATS` what the reference reads).
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from __future__ import annotations
 import torch
 
 # The formats the sparse_mla kernel reads (ops/sparse_mla/interface.py validates against this).
-KV_FORMATS = ("auto", "fp8", "fp8_ds_mla")
-# Formats only dequantize_cache (and so the reference) reads: the kernel has no path for them yet.
-REFERENCE_ONLY_KV_FORMATS = ("fp8_ds_mla_v4",)
+KV_FORMATS = ("auto", "fp8", "fp8_ds_mla", "fp8_ds_mla_v4")
+# Formats only dequantize_cache (and so the reference) reads, with no kernel path: none now.
+REFERENCE_ONLY_KV_FORMATS: tuple[str, ...] = ()
 REFERENCE_KV_FORMATS = KV_FORMATS + REFERENCE_ONLY_KV_FORMATS
 
 DS_MLA_LATENT = 512

@@ -63,6 +63,11 @@ def sparse_mla_reference(
     kv_format: str = "auto",
     k_scale: float | torch.Tensor | None = None,
     attn_sink: torch.Tensor | None = None,
+    extra_kv_cache: torch.Tensor | None = None,
+    extra_indices: torch.Tensor | None = None,
+    extra_valid_counts: torch.Tensor | None = None,
+    extra_block_table: torch.Tensor | None = None,
+    extra_block_size: int | None = None,
     out: torch.Tensor | None = None,
     return_lse: bool = False,
     config: KernelConfig | None = None,
@@ -72,13 +77,15 @@ def sparse_mla_reference(
     """Reference sparse MLA forward. Returns ``out`` in q's dtype (and the natural-log LSE).
 
     The arguments of :func:`triton_mla_sparse.sparse_mla`, with the same meaning (``config``
-    is ignored: there is no launch). ``kv_format`` may also be one the kernel does not read yet
-    (:data:`triton_mla_sparse.kv_format.REFERENCE_ONLY_KV_FORMATS`): ``"fp8_ds_mla_v4"``, a
+    is ignored: there is no launch). ``kv_format`` may be ``"fp8_ds_mla_v4"``, a
     ``[num_pages, page, 584]`` uint8 cache whose flat row ``page_index * page + slot`` holds 512
     values (NoPE: ``q`` is ``[T, H, 512]``, ``kv_lora_rank=512``). Two arguments of its own:
 
     - ``compute_dtype``: float32 (default) or float64, the precision of every step.
     - ``token_chunk``: tokens gathered at once (bounds the ``chunk x W x D`` temporary).
+
+    An extra set (``extra_kv_cache``, ``extra_indices`` ...) is gathered like the main one, in
+    the same format, and its entries are appended to each token's list: one softmax over both.
     """
     if isinstance(q, tuple):
         q_full = torch.cat([q[0], q[1]], dim=-1) if q[1].shape[-1] else q[0]
@@ -92,6 +99,22 @@ def sparse_mla_reference(
     ridx, valid = physical_rows(
         indices, rows.shape[0], valid_counts, block_table, req_ids, block_size
     )
+    if extra_kv_cache is not None:
+        # both sets as one list: the extra cache's rows after the main cache's, its entries
+        # after the main entries (no row of one set can reach the other cache)
+        extra_rows = dequantize_cache(extra_kv_cache, kv_format, k_scale)
+        extra_rows = extra_rows.reshape(-1, extra_rows.shape[-1])[:, :d].to(compute_dtype)
+        xidx, xvalid = physical_rows(
+            extra_indices,
+            extra_rows.shape[0],
+            extra_valid_counts,
+            extra_block_table,
+            req_ids,
+            extra_block_size,
+        )
+        ridx = torch.cat([ridx, xidx + rows.shape[0]], dim=1)
+        valid = torch.cat([valid, xvalid], dim=1)
+        rows = torch.cat([rows, extra_rows], dim=0)
     res = torch.zeros(t, h, kv_lora_rank, dtype=compute_dtype, device=q_full.device)
     lse = torch.full((t, h), float("-inf"), dtype=compute_dtype, device=q_full.device)
     qc = q_full.to(compute_dtype)

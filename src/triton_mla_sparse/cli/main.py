@@ -47,7 +47,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_args(p)
     p.set_defaults(run=bench.main, check=bench.check_args, parser=p)
-    p = sub.add_parser("doctor", help="what vLLM would select on this (or a given) GPU, and why")
+    p = sub.add_parser(
+        "doctor",
+        help="which attention backend vLLM selects for a model on this (or a given) GPU",
+        description=doctor.DESCRIPTION,
+        formatter_class=HELP_FORMAT,
+    )
     doctor.add_doctor_args(p)
     p.set_defaults(run=doctor.run, check=None, parser=p)
     return parser

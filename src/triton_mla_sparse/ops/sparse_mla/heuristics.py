@@ -19,6 +19,7 @@ from ..target import SMEM_227KB_CLASS, SMEM_LARGE_CLASS, TARGETS, Arch, arch_of
 __all__ = [
     "TARGETS",
     "Arch",
+    "SCALED_CHUNK_FORMATS",
     "KernelConfig",
     "arch_of",
     "block_h_for",
@@ -59,6 +60,11 @@ class KernelConfig:
     fp16_mma: bool | None = None
 
 
+# The per-group-scaled e4m3 formats: one kernel structure (scaled chunks folded into the logits
+# and into P), the same tiles.
+SCALED_CHUNK_FORMATS = ("fp8_ds_mla", "fp8_ds_mla_v4")
+
+
 def max_block_h(dtype: torch.dtype, kv_format: str, arch: Arch) -> int:
     """The largest head block whose tiles fit the target's shared memory (tests/test_compile.py,
     Triton 3.8: e.g. a 64-head bf16 tile needs 115 KB where 99 KB parts offer 99)."""
@@ -67,7 +73,7 @@ def max_block_h(dtype: torch.dtype, kv_format: str, arch: Arch) -> int:
         if small_smem:
             return 16
         return 64 if arch.smem_bytes >= SMEM_227KB_CLASS else 32
-    if small_smem and kv_format != "fp8_ds_mla":
+    if small_smem and kv_format not in SCALED_CHUNK_FORMATS:
         return 32
     return 64
 
@@ -95,7 +101,8 @@ def tile_config(
     big_smem = arch.smem_bytes >= SMEM_LARGE_CLASS
     if wide:
         return KernelConfig(block_h, 32 if big_smem else 16, warps, 1)
-    if kv_format == "fp8_ds_mla":
+    if kv_format in SCALED_CHUNK_FORMATS:
+        # fp8_ds_mla_v4 takes fp8_ds_mla's tiles (not measured on a GPU yet).
         # H200, 128 tokens x 16 heads: staged 32-row tiles 160 us, hoisted 174 us, 64-row tiles
         # 207-290 us. Staging needs ~105 KB of shared memory, so 99 KB parts keep the hoisted form.
         return KernelConfig(block_h, 32, warps, 2 if big_smem else 1, stage_dequant=big_smem)

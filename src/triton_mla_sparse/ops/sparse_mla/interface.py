@@ -12,6 +12,8 @@ from ...kv_format import (
     DS_MLA_LATENT,
     DS_MLA_ROPE,
     DS_MLA_ROW_BYTES,
+    DS_V4_TOKEN_BYTES,
+    DS_V4_WIDTH,
     KV_FORMATS,
     REFERENCE_ONLY_KV_FORMATS,
 )
@@ -132,17 +134,148 @@ def _resolve_format(kv_format: str, kv_cache: torch.Tensor, q_dtype: torch.dtype
         )
     if kv_format not in KV_FORMATS:
         raise ValueError(f"kv_format must be one of {KV_FORMATS}, got {kv_format!r}")
-    if kv_format == "auto":
-        if kv_cache.dtype != q_dtype:
+    _check_cache_dtype("kv_cache", kv_cache, kv_format, q_dtype)
+    return kv_format
+
+
+def _check_cache_dtype(name: str, cache: torch.Tensor, fmt: str, q_dtype: torch.dtype) -> None:
+    if fmt == "auto":
+        if cache.dtype != q_dtype:
             raise TypeError(
-                f"kv_format='auto' needs kv_cache in q's dtype {q_dtype}, got {_shape(kv_cache)}; "
+                f"kv_format='auto' needs {name} in q's dtype {q_dtype}, got {_shape(cache)}; "
                 "pass kv_format='fp8' or 'fp8_ds_mla' for a quantized cache"
             )
-    elif kv_cache.dtype not in (torch.uint8, torch.float8_e4m3fn):
+    elif cache.dtype not in (torch.uint8, torch.float8_e4m3fn):
         raise TypeError(
-            f"kv_format={kv_format!r} needs a uint8 or float8_e4m3fn cache, got {_shape(kv_cache)}"
+            f"kv_format={fmt!r} needs a uint8 or float8_e4m3fn cache, got {_shape(cache)}"
         )
-    return kv_format
+
+
+def _check_cache(
+    name: str, cache: object, fmt: str, q_dtype: torch.dtype, width: int, device: torch.device
+) -> None:
+    """One cache (kv_cache or extra_kv_cache) against the call's format and q width L + R."""
+    if not isinstance(cache, torch.Tensor):
+        raise TypeError(f"{name} must be a tensor, got {_shape(cache)}")
+    if cache.dim() not in (2, 3):
+        raise ValueError(f"{name} must be [N, C] or [num_blocks, page, C], got {_shape(cache)}")
+    if cache.device != device:
+        raise ValueError(f"{name} must be on {device} like q, got {_shape(cache)}")
+    _check_cache_dtype(name, cache, fmt, q_dtype)
+    want = {"fp8_ds_mla": DS_MLA_ROW_BYTES, "fp8_ds_mla_v4": DS_V4_TOKEN_BYTES}.get(fmt, width)
+    if cache.shape[-1] != want:
+        raise ValueError(
+            f"{name}'s last dimension must be {want} for kv_format={fmt!r} with q width {width}, "
+            f"got {_shape(cache)}"
+        )
+    if fmt != "auto" and cache.stride(-1) != 1:
+        raise ValueError(
+            f"a {fmt} cache must have unit stride in its last dimension: {name} {_shape(cache)} "
+            f"with strides {cache.stride()}"
+        )
+    num_rows = cache.shape[0] * (cache.shape[1] if cache.dim() == 3 else 1)
+    if num_rows >= 2**31:
+        raise ValueError(
+            f"{name} holds {num_rows} rows ({_shape(cache)}); at most 2^31 - 1 are "
+            "addressable by int32 indices"
+        )
+    if fmt == "fp8_ds_mla_v4":
+        _check_v4_pages(name, cache)
+
+
+def _check_v4_pages(name: str, cache: torch.Tensor) -> None:
+    """A V4 record cache: uint8 [num_pages, P, 584] pages whose P * 584 bytes are contiguous
+    (the kernel addresses data rows at slot * 576 and scale rows after them, from the page's
+    first byte), as kv_format.ds_mla_v4_pages requires. Pages may be further apart (vLLM pads
+    them to a multiple of 576 bytes, layers may share a page grid), never closer, and start on
+    even bytes (the bf16 RoPE values)."""
+    if cache.dim() != 3:
+        raise ValueError(
+            f"an fp8_ds_mla_v4 cache must be paged [num_pages, page, {DS_V4_TOKEN_BYTES}] (its "
+            f"page's scale rows follow the page's data rows), got {name} {_shape(cache)}"
+        )
+    page = cache.shape[1]
+    page_bytes = page * DS_V4_TOKEN_BYTES
+    rows_ok = page == 1 or cache.stride(1) == DS_V4_TOKEN_BYTES
+    pages_ok = cache.shape[0] <= 1 or cache.stride(0) >= page_bytes
+    if not (rows_ok and pages_ok and cache.stride(0) % 2 == 0):
+        raise ValueError(
+            f"an fp8_ds_mla_v4 cache needs strides (S, {DS_V4_TOKEN_BYTES}, 1) with S even and "
+            f">= page * {DS_V4_TOKEN_BYTES} = {page_bytes}: {name} {_shape(cache)} with strides "
+            f"{cache.stride()}"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class _ExtraSet:
+    """A validated extra index set (its cache viewed as uint8 where it was float8_e4m3fn)."""
+
+    kv_cache: torch.Tensor
+    indices: torch.Tensor
+    valid_counts: torch.Tensor | None
+    block_table: torch.Tensor | None
+
+
+def _check_block_size(name: str, block_size: object) -> None:
+    if isinstance(block_size, bool) or not isinstance(block_size, int):
+        raise TypeError(f"{name} must be an int, got {block_size!r}")
+    if block_size < 1:
+        raise ValueError(f"{name} must be positive, got {block_size!r}")
+
+
+def _check_extra(
+    cache: torch.Tensor | None,
+    indices: torch.Tensor | None,
+    valid_counts: torch.Tensor | None,
+    block_table: torch.Tensor | None,
+    block_size: int | None,
+    req_ids: torch.Tensor | None,
+    fmt: str,
+    q_dtype: torch.dtype,
+    width: int,
+    T: int,
+    device: torch.device,
+    q_desc: str,
+) -> _ExtraSet | None:
+    """The extra index set's arguments (all None, or a cache and its indices at least)."""
+    if cache is None and indices is None:
+        rest = dict(
+            extra_valid_counts=valid_counts,
+            extra_block_table=block_table,
+            extra_block_size=block_size,
+        )
+        given = [k for k, v in rest.items() if v is not None]
+        if given:
+            raise ValueError(
+                f"{', '.join(given)} given without an extra set: pass extra_kv_cache and "
+                "extra_indices too"
+            )
+        return None
+    if (cache is None) != (indices is None):
+        raise ValueError(
+            "extra_kv_cache and extra_indices go together: got extra_kv_cache "
+            f"{_shape(cache)}, extra_indices {_shape(indices)}"
+        )
+    _check_cache("extra_kv_cache", cache, fmt, q_dtype, width, device)
+    _check_int32("extra_indices", indices, 2, device)
+    if indices.shape[0] != T or indices.shape[1] < 1:
+        raise ValueError(f"extra_indices must be [T={T}, W>=1], got {_shape(indices)} (q {q_desc})")
+    _check_int32("extra_valid_counts", valid_counts, 1, device)
+    if valid_counts is not None and valid_counts.shape[0] != T:
+        raise ValueError(
+            f"extra_valid_counts must be [T={T}], got {_shape(valid_counts)} (q {q_desc})"
+        )
+    if (block_table is None) != (block_size is None):
+        raise ValueError(
+            "extra_block_table and extra_block_size go together: got extra_block_table "
+            f"{_shape(block_table)}, extra_block_size {block_size!r}"
+        )
+    if block_table is not None:
+        _check_int32("extra_block_table", block_table, 2, device)
+        _check_block_size("extra_block_size", block_size)
+    if cache.dtype == torch.float8_e4m3fn:
+        cache = cache.view(torch.uint8)
+    return _ExtraSet(cache, indices, valid_counts, block_table)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,6 +297,7 @@ class _Call:
     k_scale_val: float
     softmax_scale: float
     attn_sink: torch.Tensor | None
+    extra: _ExtraSet | None
 
 
 def _checked(
@@ -180,6 +314,11 @@ def _checked(
     kv_format: str = "auto",
     k_scale: float | torch.Tensor | None = None,
     attn_sink: torch.Tensor | None = None,
+    extra_kv_cache: torch.Tensor | None = None,
+    extra_indices: torch.Tensor | None = None,
+    extra_valid_counts: torch.Tensor | None = None,
+    extra_block_table: torch.Tensor | None = None,
+    extra_block_size: int | None = None,
     out: torch.Tensor | None = None,
     return_lse: bool = False,
     config: KernelConfig | None = None,
@@ -212,28 +351,18 @@ def _checked(
     if kv_cache.device != device:
         raise ValueError(f"kv_cache must be on {device} like q, got {_shape(kv_cache)}")
     fmt = _resolve_format(kv_format, kv_cache, dtype)
-    want = DS_MLA_ROW_BYTES if fmt == "fp8_ds_mla" else L + R
-    if kv_cache.shape[-1] != want:
-        raise ValueError(
-            f"kv_cache's last dimension must be {want} for kv_format={fmt!r} with q width {L + R} "
-            f"(q {q_desc}), got {_shape(kv_cache)}"
-        )
     if fmt == "fp8_ds_mla" and (L != DS_MLA_LATENT or R not in (0, DS_MLA_ROPE)):
         raise ValueError(
             f"fp8_ds_mla holds 512 latent + 64 rope values; q has {L} + {R} (q {q_desc}, "
             f"kv_lora_rank={kv_lora_rank})"
         )
-    if fmt != "auto" and kv_cache.stride(-1) != 1:
+    if fmt == "fp8_ds_mla_v4" and (L != DS_V4_WIDTH or R != 0):
         raise ValueError(
-            f"a {fmt} cache must have unit stride in its last dimension: {_shape(kv_cache)} "
-            f"with strides {kv_cache.stride()}"
+            f"fp8_ds_mla_v4 holds one 512-wide row (448 NoPE + 64 RoPE values, q . k over all of "
+            f"it, the value all of it): q must be [T, H, 512] with kv_lora_rank=512; got q "
+            f"{q_desc} ({L} + {R}), kv_lora_rank={kv_lora_rank}"
         )
-    num_rows = kv_cache.shape[0] * (kv_cache.shape[1] if kv_cache.dim() == 3 else 1)
-    if num_rows >= 2**31:
-        raise ValueError(
-            f"kv_cache holds {num_rows} rows ({_shape(kv_cache)}); at most 2^31 - 1 are "
-            "addressable by int32 indices"
-        )
+    _check_cache("kv_cache", kv_cache, fmt, dtype, L + R, device)
     _check_int32("indices", indices, 2, device)
     if indices.shape[0] != T or indices.shape[1] < 1:
         raise ValueError(f"indices must be [T={T}, W>=1], got {_shape(indices)} (q {q_desc})")
@@ -242,20 +371,22 @@ def _checked(
     if valid_counts is not None and valid_counts.shape[0] != T:
         raise ValueError(f"valid_counts must be [T={T}], got {_shape(valid_counts)} (q {q_desc})")
     has_bt = block_table is not None
-    if has_bt != (req_ids is not None) or has_bt != (block_size is not None):
+    # req_ids also serves an extra set's own block table (extra_block_table)
+    needs_req = has_bt or extra_block_table is not None
+    if has_bt != (block_size is not None) or needs_req != (req_ids is not None):
         raise ValueError(
-            "block_table, req_ids and block_size go together: got "
-            f"block_table {_shape(block_table)}, req_ids {_shape(req_ids)}, block_size {block_size!r}"
+            "block_table, req_ids and block_size go together (req_ids also with "
+            f"extra_block_table): got block_table {_shape(block_table)}, req_ids "
+            f"{_shape(req_ids)}, block_size {block_size!r}, extra_block_table "
+            f"{_shape(extra_block_table)}"
         )
     if has_bt:
         _check_int32("block_table", block_table, 2, device)
+        _check_block_size("block_size", block_size)
+    if needs_req:
         _check_int32("req_ids", req_ids, 1, device)
         if req_ids.shape[0] != T:
             raise ValueError(f"req_ids must be [T={T}], got {_shape(req_ids)} (q {q_desc})")
-        if isinstance(block_size, bool) or not isinstance(block_size, int):
-            raise TypeError(f"block_size must be an int, got {block_size!r}")
-        if block_size < 1:
-            raise ValueError(f"block_size must be positive, got {block_size!r}")
     if out is not None:
         if not isinstance(out, torch.Tensor):
             raise TypeError(f"out must be a tensor, got {_shape(out)}")
@@ -295,6 +426,20 @@ def _checked(
             raise ValueError(f"attn_sink must be [H={H}] (q {q_desc}), got {_shape(attn_sink)}")
         if attn_sink.device != device:
             raise ValueError(f"attn_sink must be on {device} like q, got {_shape(attn_sink)}")
+    extra = _check_extra(
+        extra_kv_cache,
+        extra_indices,
+        extra_valid_counts,
+        extra_block_table,
+        extra_block_size,
+        req_ids,
+        fmt,
+        dtype,
+        L + R,
+        T,
+        device,
+        q_desc,
+    )
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(L + R)
     else:
@@ -319,12 +464,16 @@ def _checked(
             kv_format=fmt,
             arch=arch_of(device),
             on_gpu=device.type == "cuda",
-            page_size=kv_cache.shape[1] if kv_cache.dim() == 3 else 1,
+            page_size=_page_size(kv_cache),
             has_counts=valid_counts is not None,
             block_size=block_size if has_bt else None,
             k_scale_tensor=k_scale_ptr is not None,
             store_lse=return_lse,
             has_sink=attn_sink is not None,
+            extra_width=extra.indices.shape[1] if extra is not None else None,
+            extra_page_size=_page_size(extra.kv_cache) if extra is not None else 1,
+            extra_has_counts=extra is not None and extra.valid_counts is not None,
+            extra_block_size=extra_block_size if extra is not None else None,
             config=config,
         )
     if kv_cache.dtype == torch.float8_e4m3fn:
@@ -345,7 +494,12 @@ def _checked(
         k_scale_val,
         softmax_scale,
         attn_sink,
+        extra,
     )
+
+
+def _page_size(cache: torch.Tensor) -> int:
+    return cache.shape[1] if cache.dim() == 3 else 1
 
 
 def sparse_mla(
@@ -362,6 +516,11 @@ def sparse_mla(
     kv_format: str = "auto",
     k_scale: float | torch.Tensor | None = None,
     attn_sink: torch.Tensor | None = None,
+    extra_kv_cache: torch.Tensor | None = None,
+    extra_indices: torch.Tensor | None = None,
+    extra_valid_counts: torch.Tensor | None = None,
+    extra_block_table: torch.Tensor | None = None,
+    extra_block_size: int | None = None,
     out: torch.Tensor | None = None,
     return_lse: bool = False,
     config: KernelConfig | None = None,
@@ -377,7 +536,10 @@ def sparse_mla(
         kv_cache: one latent head per token. Rows ``[N, C]`` or paged ``[num_blocks, page, C]``,
             any strides (block stride may exceed ``page * C``). ``C`` is ``D`` for
             ``kv_format="auto"`` (q's dtype) and ``"fp8"`` (e4m3 as uint8/float8_e4m3fn),
-            656 bytes for ``"fp8_ds_mla"`` (uint8; see :mod:`triton_mla_sparse.kv_format`).
+            656 bytes for ``"fp8_ds_mla"`` (uint8; see :mod:`triton_mla_sparse.kv_format`),
+            584 for ``"fp8_ds_mla_v4"`` (DeepSeek-V4's record: uint8 pages ``[num_pages, P,
+            584]`` as vLLM 0.33 allocates them, strides ``(S, 584, 1)``, ``S >= P * 584`` and
+            even; q ``[T, H, 512]``, ``kv_lora_rank=512``, the value the whole row).
         indices: int32 ``[T, W]``, any ``W >= 1``: rows of the cache in its logical flat order
             (paged: row ``i`` is block ``i // page``, slot ``i % page``). ``-1`` and any index
             outside ``[0, N)`` are skipped wherever they stand and never dereferenced.
@@ -394,7 +556,7 @@ def sparse_mla(
             rows lie past the cache (never wrapped around int32) are skipped. Any strides.
             ``req_ids`` must lie in ``[0, R)``: not checked (that would read a device tensor on
             the host); an id outside it reads outside ``block_table``.
-        kv_format: ``"auto"``, ``"fp8"`` or ``"fp8_ds_mla"``.
+        kv_format: ``"auto"``, ``"fp8"``, ``"fp8_ds_mla"`` or ``"fp8_ds_mla_v4"``.
         k_scale: per-tensor dequantization scale for ``"fp8"`` (float or 0-d/1-element float32
             tensor on q's device, the latter for CUDA graphs); default 1.
         attn_sink: optional float32 ``[H]`` on q's device, any stride: a per-head attention
@@ -403,6 +565,20 @@ def sparse_mla(
             e^{attn_sink[h]})`` with ``s_j = softmax_scale * q . k_j`` (natural-log units). It
             is read on the device (CUDA-graph safe). ``-inf`` has no effect, ``+inf`` gives a
             zero output; the returned LSE does not include it.
+        extra_kv_cache, extra_indices: optional, together: a second cache and int32
+            ``[T, W2]`` indices into it (any ``W2 >= 1``), attended in the same softmax as the
+            main set (DeepSeek-V4 decode: a sliding-window cache and a compressed cache). The
+            result is one softmax over the union of both sets' valid entries; the LSE covers the
+            union. The extra cache is read in ``kv_format`` (and ``k_scale``) like
+            ``kv_cache`` and has the same row width, with its own shape, page size and strides
+            (flat ``[N2, C]`` or paged ``[num_blocks2, page2, C]``). Its indices follow the main
+            set's rules: rows of the extra cache in its logical flat order, ``-1`` and anything
+            outside ``[0, N2)`` skipped.
+        extra_valid_counts: optional int32 ``[T]``, any stride: only
+            ``extra_indices[t, :extra_valid_counts[t]]`` are read.
+        extra_block_table, extra_block_size: optional, together: the extra set's own block table
+            (int32 ``[R, max_blocks2]``) and block size, mapping its indices as ``block_table``
+            maps the main set's; the request of token ``t`` is ``req_ids[t]`` (required then).
         out: optional ``[T, H, L]`` tensor in q's dtype to write into (any strides).
         return_lse: also return the natural-log log-sum-exp ``[T, H]`` (float32).
         config: optional :class:`KernelConfig` overriding the heuristic launch configuration
@@ -410,7 +586,7 @@ def sparse_mla(
 
     Returns:
         ``out [T, H, L]`` in q's dtype, and ``lse [T, H]`` with ``return_lse=True``. A token with
-        no valid index gets zeros and LSE ``-inf`` (with or without a sink).
+        no valid index (in either set) gets zeros and LSE ``-inf`` (with or without a sink).
 
     Raises:
         TypeError: an argument of the wrong type or dtype (a tensor's dtype, a non-tensor where a
@@ -432,6 +608,11 @@ def sparse_mla(
         kv_format=kv_format,
         k_scale=k_scale,
         attn_sink=attn_sink,
+        extra_kv_cache=extra_kv_cache,
+        extra_indices=extra_indices,
+        extra_valid_counts=extra_valid_counts,
+        extra_block_table=extra_block_table,
+        extra_block_size=extra_block_size,
         out=out,
         return_lse=return_lse,
         config=config,
@@ -460,6 +641,11 @@ def sparse_mla(
         lse,
         c.softmax_scale,
         c.attn_sink,
+        *(
+            (c.extra.kv_cache, c.extra.indices, c.extra.valid_counts, c.extra.block_table)
+            if c.extra is not None
+            else ()
+        ),
     )
     return (out, lse) if return_lse else out
 
@@ -478,6 +664,11 @@ def sparse_mla_plan(
     kv_format: str = "auto",
     k_scale: float | torch.Tensor | None = None,
     attn_sink: torch.Tensor | None = None,
+    extra_kv_cache: torch.Tensor | None = None,
+    extra_indices: torch.Tensor | None = None,
+    extra_valid_counts: torch.Tensor | None = None,
+    extra_block_table: torch.Tensor | None = None,
+    extra_block_size: int | None = None,
     out: torch.Tensor | None = None,
     return_lse: bool = False,
     config: KernelConfig | None = None,
@@ -501,6 +692,11 @@ def sparse_mla_plan(
         kv_format=kv_format,
         k_scale=k_scale,
         attn_sink=attn_sink,
+        extra_kv_cache=extra_kv_cache,
+        extra_indices=extra_indices,
+        extra_valid_counts=extra_valid_counts,
+        extra_block_table=extra_block_table,
+        extra_block_size=extra_block_size,
         out=out,
         return_lse=return_lse,
         config=config,

@@ -10,13 +10,18 @@ import torch
 
 from .kernels import (
     sparse_mla_ds_mla_fwd_kernel,
+    sparse_mla_ds_mla_v4_fwd_kernel,
     sparse_mla_latent_fwd_kernel,
     sparse_mla_merge_kernel,
 )
-from .plan import DS_MLA, LATENT, LaunchPlan
+from .plan import DS_MLA, DS_MLA_V4, LATENT, LaunchPlan
 
 # the forward kernel of each family (looked up per call: tools swap entries for recorders)
-FORWARD = {LATENT: sparse_mla_latent_fwd_kernel, DS_MLA: sparse_mla_ds_mla_fwd_kernel}
+FORWARD = {
+    LATENT: sparse_mla_latent_fwd_kernel,
+    DS_MLA: sparse_mla_ds_mla_fwd_kernel,
+    DS_MLA_V4: sparse_mla_ds_mla_v4_fwd_kernel,
+}
 
 
 def _cache_geometry(kv_cache: torch.Tensor) -> tuple[int, int, int, int, int]:
@@ -25,6 +30,47 @@ def _cache_geometry(kv_cache: torch.Tensor) -> tuple[int, int, int, int, int]:
         return kv_cache.shape[0], 1, kv_cache.stride(0), 0, kv_cache.stride(1)
     nb, page, _ = kv_cache.shape
     return nb * page, page, kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2)
+
+
+def _extra_args(
+    plan: LaunchPlan,
+    kv_cache: torch.Tensor | None,
+    indices: torch.Tensor | None,
+    counts: torch.Tensor | None,
+    bt: torch.Tensor | None,
+) -> list:
+    """The forward kernels' extra-set arguments, in their order. All None without an extra set:
+    Triton turns None arguments into constants, so such calls compile to the same code (the same
+    parameter list) as a kernel without these arguments."""
+    if plan.extra is None:
+        assert kv_cache is None and indices is None, "an extra set passed to a plan without one"
+        return [None] * _NUM_EXTRA_ARGS
+    assert kv_cache is not None and indices is not None, "the plan's extra set was not passed"
+    num_rows, page, s_kb, s_kr, s_kd = _cache_geometry(kv_cache)
+    args = [
+        kv_cache,
+        indices,
+        counts,
+        bt,
+        plan.extra.width,
+        plan.extra.offset,
+        num_rows,
+        page,
+        s_kb,
+        s_kr,
+        s_kd,
+        *indices.stride(),
+        bt.stride(0) if bt is not None else 0,
+        bt.stride(1) if bt is not None else 0,
+        counts.stride(0) if counts is not None else 0,
+        plan.extra.bt_block_size,
+        bt.shape[1] if bt is not None else 0,
+    ]
+    assert len(args) == _NUM_EXTRA_ARGS
+    return args
+
+
+_NUM_EXTRA_ARGS = 18
 
 
 def launch_sparse_mla(
@@ -42,6 +88,10 @@ def launch_sparse_mla(
     lse: torch.Tensor | None,
     softmax_scale: float,
     attn_sink: torch.Tensor | None = None,
+    extra_kv_cache: torch.Tensor | None = None,
+    extra_indices: torch.Tensor | None = None,
+    extra_valid_counts: torch.Tensor | None = None,
+    extra_block_table: torch.Tensor | None = None,
 ) -> None:
     T, H, _ = q_lat.shape
     W = indices.shape[1]
@@ -94,6 +144,7 @@ def launch_sparse_mla(
         bt.shape[1] if block_table is not None else 0,
         *out.stride(),
         s_sink,
+        *_extra_args(plan, extra_kv_cache, extra_indices, extra_valid_counts, extra_block_table),
         **plan.constexprs,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,

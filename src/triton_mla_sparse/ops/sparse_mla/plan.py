@@ -20,7 +20,8 @@ from .heuristics import KernelConfig, choose_config, fp16_mma_for, split_len_for
 # Kernel families (kernels/): one per way a cache row is laid out.
 LATENT = "latent"  # a plain [L + R] row: q's dtype ("auto") or per-tensor e4m3 ("fp8")
 DS_MLA = "ds_mla"  # fp8_ds_mla: four scaled e4m3 chunks + bf16 rope
-FAMILY_OF = {"auto": LATENT, "fp8": LATENT, "fp8_ds_mla": DS_MLA}
+DS_MLA_V4 = "ds_mla_v4"  # fp8_ds_mla_v4: DeepSeek-V4's paged record, seven scaled chunks + rope
+FAMILY_OF = {"auto": LATENT, "fp8": LATENT, "fp8_ds_mla": DS_MLA, "fp8_ds_mla_v4": DS_MLA_V4}
 
 # The merge holds all splits of BLOCK_L output columns in one [S_PAD, BLOCK_L] fp32 tile: about
 # MERGE_TILE_ELEMENTS of them (32 a thread at its 4 warps), so the more splits the narrower the
@@ -48,6 +49,21 @@ class MergePlan:
 
 
 @dataclasses.dataclass(frozen=True)
+class ExtraPlan:
+    """Where the extra index set sits in the gather sequence the splits divide.
+
+    The main set's ``width`` entries come first, the extra set's ``width`` entries start at
+    ``offset`` (the main width rounded up to whole gather steps, so that no step mixes the two
+    caches); the splits divide the ``offset + width`` positions like one top-k list.
+    ``bt_block_size`` is the extra block table's block size (1 without one).
+    """
+
+    width: int
+    offset: int
+    bt_block_size: int
+
+
+@dataclasses.dataclass(frozen=True)
 class LaunchPlan:
     """One call's kernels, grids and constexprs (``launch.launch_sparse_mla`` runs it).
 
@@ -65,6 +81,7 @@ class LaunchPlan:
     constexprs: dict[str, Any]
     workspace: tuple[int, int, int, int] | None
     merge: MergePlan | None
+    extra: ExtraPlan | None = None
 
     @property
     def num_splits(self) -> int:
@@ -85,10 +102,10 @@ def check_config(cfg: KernelConfig, kv_format: str, has_bt: bool) -> None:
             f"config {cfg} asks for indices a step ahead (idx_ahead=True), which the "
             f"kv_format={kv_format!r} kernel does not do: pass idx_ahead=False"
         )
-    if cfg.stage_dequant and FAMILY_OF[kv_format] != DS_MLA:
+    if cfg.stage_dequant and FAMILY_OF[kv_format] == LATENT:
         raise ValueError(
             f"config {cfg} asks for stage_dequant=True, which applies to "
-            f"kv_format='fp8_ds_mla' only (got kv_format={kv_format!r})"
+            f"kv_format='fp8_ds_mla' and 'fp8_ds_mla_v4' only (got kv_format={kv_format!r})"
         )
 
 
@@ -109,20 +126,38 @@ def make_plan(
     k_scale_tensor: bool = False,
     store_lse: bool = False,
     has_sink: bool = False,
+    extra_width: int | None = None,
+    extra_page_size: int = 1,
+    extra_has_counts: bool = False,
+    extra_block_size: int | None = None,
     config: KernelConfig | None = None,
 ) -> LaunchPlan:
     """The plan of one call with ``num_tokens`` >= 1 tokens of ``num_heads`` heads, q widths
     ``latent`` + ``rope``, top-k ``width``; ``block_size`` given when indices go through a block
-    table; ``has_sink`` with an attention-sink tensor; ``on_gpu`` False under Triton's interpreter (no programmatic dependent launch)."""
+    table; ``has_sink`` with an attention-sink tensor; ``on_gpu`` False under Triton's
+    interpreter (no programmatic dependent launch). ``extra_width`` given when a second index set
+    (into a second cache of ``extra_page_size`` rows per page, with ``extra_block_size`` when its
+    indices go through a block table of their own) joins the same softmax."""
     if num_tokens < 1:
         raise ValueError(f"a plan needs at least one token, got num_tokens={num_tokens}")
     family = FAMILY_OF[kv_format]
     has_bt = block_size is not None
+    has_extra = extra_width is not None
+    # the heuristic sees both sets as one list (it decides the split count from its length)
+    total = width + (extra_width or 0)
     cfg = config or choose_config(
-        num_tokens, num_heads, width, dtype, kv_format, arch, block_table=has_bt
+        num_tokens, num_heads, total, dtype, kv_format, arch, block_table=has_bt
     )
     check_config(cfg, kv_format, has_bt)
-    split_len, num_splits = split_len_for(width, cfg.num_splits, cfg.block_n)
+    extra = None
+    if has_extra:
+        extra = ExtraPlan(
+            width=extra_width,
+            offset=-(-width // cfg.block_n) * cfg.block_n,
+            bt_block_size=extra_block_size if extra_block_size is not None else 1,
+        )
+        total = extra.offset + extra_width
+    split_len, num_splits = split_len_for(total, cfg.num_splits, cfg.block_n)
     split = num_splits > 1
     fp16_mma = cfg.fp16_mma
     if fp16_mma is None:
@@ -152,6 +187,11 @@ def make_plan(
         DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32",
         PDL=pdl,
         HAS_SINK=has_sink,
+        HAS_EXTRA=has_extra,
+        EXTRA_HAS_COUNTS=has_extra and extra_has_counts,
+        EXTRA_HAS_BT=has_extra and extra_block_size is not None,
+        EXTRA_BT_SHIFT=_shift(extra.bt_block_size) if has_extra else -1,
+        EXTRA_PAGE_SHIFT=_shift(extra_page_size) if has_extra else -1,
     )
     if family == LATENT:
         constexprs = dict(
@@ -192,4 +232,5 @@ def make_plan(
         constexprs=constexprs,
         workspace=(num_tokens, num_splits, num_heads, latent) if split else None,
         merge=merge,
+        extra=extra,
     )

@@ -11,6 +11,7 @@ import triton.language as tl
 
 from ...common import _e4m3_to
 from .shared import (
+    _extra_bounds,
     _head_offsets,
     _inv_denominator_with_sink,
     _load_idx,
@@ -72,6 +73,60 @@ def _ds_pv(b_pr, b_c, b_k, b_a, b_alpha, dtype: tl.constexpr, DOT_PRECISION: tl.
 
 
 @triton.jit
+def _ds_step(
+    KV,
+    o_row,
+    m_n,
+    b_q0,
+    b_q1,
+    b_q2,
+    b_q3,
+    b_qr,
+    b_a0,
+    b_a1,
+    b_a2,
+    b_a3,
+    b_l,
+    b_m,
+    b_ref,
+    qk_scale,
+    STAGE: tl.constexpr,
+    C: tl.constexpr,
+    L: tl.constexpr,
+    R: tl.constexpr,
+    dtype: tl.constexpr,
+    FP8_NATIVE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    # one gather step of the extra set: the main loop's step (written out in the kernel, as
+    # measured) -> the updated accumulators, running sum, running max and reference scale
+    b_k0, b_c0 = _ds_chunk(STAGE, KV, o_row, m_n, 0, C, L, dtype, FP8_NATIVE)
+    b_k1, b_c1 = _ds_chunk(STAGE, KV, o_row, m_n, 1, C, L, dtype, FP8_NATIVE)
+    b_k2, b_c2 = _ds_chunk(STAGE, KV, o_row, m_n, 2, C, L, dtype, FP8_NATIVE)
+    b_k3, b_c3 = _ds_chunk(STAGE, KV, o_row, m_n, 3, C, L, dtype, FP8_NATIVE)
+    b_s = tl.dot(b_q0, tl.trans(b_k0), input_precision=DOT_PRECISION) * b_c0[None, :]
+    b_s += tl.dot(b_q1, tl.trans(b_k1), input_precision=DOT_PRECISION) * b_c1[None, :]
+    b_s += tl.dot(b_q2, tl.trans(b_k2), input_precision=DOT_PRECISION) * b_c2[None, :]
+    b_s += tl.dot(b_q3, tl.trans(b_k3), input_precision=DOT_PRECISION) * b_c3[None, :]
+    if R > 0:
+        b_kr = _ds_rope(KV, o_row, m_n, b_qr.dtype, L, R)
+        b_s += tl.dot(b_qr, tl.trans(b_kr), input_precision=DOT_PRECISION)
+    b_p, b_alpha, b_l, b_m = _softmax_step(b_s, m_n, qk_scale, b_m, b_l)
+    b_cmax = tl.maximum(
+        tl.maximum(tl.max(b_c0, 0), tl.max(b_c1, 0)),
+        tl.maximum(tl.max(b_c2, 0), tl.max(b_c3, 0)),
+    )
+    b_ref_new = tl.where(b_cmax > 0.0, b_cmax, 1.0)
+    b_alpha = b_alpha * (b_ref / b_ref_new)
+    b_pr = b_p / b_ref_new
+    b_a0 = _ds_pv(b_pr, b_c0, b_k0, b_a0, b_alpha, dtype, DOT_PRECISION)
+    b_a1 = _ds_pv(b_pr, b_c1, b_k1, b_a1, b_alpha, dtype, DOT_PRECISION)
+    b_a2 = _ds_pv(b_pr, b_c2, b_k2, b_a2, b_alpha, dtype, DOT_PRECISION)
+    b_a3 = _ds_pv(b_pr, b_c3, b_k3, b_a3, b_alpha, dtype, DOT_PRECISION)
+    return b_a0, b_a1, b_a2, b_a3, b_l, b_m, b_ref_new
+
+
+@triton.jit
 def sparse_mla_ds_mla_fwd_kernel(
     Q_nope,  # [T, H, 512]
     Q_rope,  # [T, H, R], R = 64 or 0
@@ -116,6 +171,24 @@ def sparse_mla_ds_mla_fwd_kernel(
     stride_oh,
     stride_od,
     stride_sink,
+    ExtraKV,  # the extra set (HAS_EXTRA; all None without one), as in latent.py
+    ExtraIdx,
+    ExtraCounts,
+    ExtraBlockTable,
+    extra_width,
+    extra_offset,
+    extra_num_rows,
+    extra_page_size,
+    stride_xkb,
+    stride_xkr,
+    stride_xkd,  # unused (1)
+    stride_xit,
+    stride_xiw,
+    stride_xbtr,
+    stride_xbtb,
+    stride_xct,
+    extra_bt_block_size,
+    extra_bt_max_blocks,
     L: tl.constexpr,
     R: tl.constexpr,
     BLOCK_H: tl.constexpr,
@@ -132,6 +205,11 @@ def sparse_mla_ds_mla_fwd_kernel(
     DOT_PRECISION: tl.constexpr,
     PDL: tl.constexpr,
     HAS_SINK: tl.constexpr,
+    HAS_EXTRA: tl.constexpr,  # a second index set into a second cache, in the same softmax
+    EXTRA_HAS_COUNTS: tl.constexpr,
+    EXTRA_HAS_BT: tl.constexpr,
+    EXTRA_BT_SHIFT: tl.constexpr,
+    EXTRA_PAGE_SHIFT: tl.constexpr,
 ):
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()  # as in latent.py
@@ -209,6 +287,67 @@ def sparse_mla_ds_mla_fwd_kernel(
         b_a1 = _ds_pv(b_pr, b_c1, b_k1, b_a1, b_alpha, dtype, DOT_PRECISION)
         b_a2 = _ds_pv(b_pr, b_c2, b_k2, b_a2, b_alpha, dtype, DOT_PRECISION)
         b_a3 = _ds_pv(b_pr, b_c3, b_k3, b_a3, b_alpha, dtype, DOT_PRECISION)
+    if HAS_EXTRA:
+        # the extra set's part of this split, continuing the same softmax (latent.py)
+        i_xreq, x_lo, x_hi = _extra_bounds(
+            ExtraCounts,
+            ReqIds,
+            i_t,
+            i_s,
+            split_len,
+            extra_width,
+            extra_offset,
+            stride_xct,
+            stride_rq,
+            EXTRA_HAS_COUNTS,
+            EXTRA_HAS_BT,
+        )
+        b_qx = b_q0  # stands in for the rope part of q where there is none (R == 0: unread)
+        if R > 0:
+            b_qx = b_qr
+        for x0 in range(x_lo, x_hi, BLOCK_N):
+            b_idx = _load_idx(ExtraIdx, i_t, x0, x_hi, stride_xit, stride_xiw, BLOCK_N)
+            o_row, m_n = _row_offsets(
+                b_idx,
+                ExtraBlockTable,
+                i_xreq,
+                stride_xbtr,
+                stride_xbtb,
+                extra_bt_block_size,
+                extra_bt_max_blocks,
+                extra_num_rows,
+                extra_page_size,
+                stride_xkb,
+                stride_xkr,
+                EXTRA_HAS_BT,
+                EXTRA_BT_SHIFT,
+                EXTRA_PAGE_SHIFT,
+            )
+            b_a0, b_a1, b_a2, b_a3, b_l, b_m, b_ref = _ds_step(
+                ExtraKV,
+                o_row,
+                m_n,
+                b_q0,
+                b_q1,
+                b_q2,
+                b_q3,
+                b_qx,
+                b_a0,
+                b_a1,
+                b_a2,
+                b_a3,
+                b_l,
+                b_m,
+                b_ref,
+                qk_scale,
+                STAGE,
+                C,
+                L,
+                R,
+                dtype,
+                FP8_NATIVE,
+                DOT_PRECISION,
+            )
 
     # normalise; an empty (t, split) gives zeros and LSE -inf
     b_nonempty = b_l > 0.0

@@ -11,6 +11,7 @@ import triton.language as tl
 
 from ...common import _e4m3_to
 from .shared import (
+    _extra_bounds,
     _head_offsets,
     _inv_denominator_with_sink,
     _load_idx,
@@ -115,6 +116,24 @@ def sparse_mla_latent_fwd_kernel(
     stride_oh,
     stride_od,
     stride_sink,
+    ExtraKV,  # the extra set (HAS_EXTRA; all None without one): its cache, as KV
+    ExtraIdx,  # int32 [T, extra_width]
+    ExtraCounts,  # int32 [T], any stride (EXTRA_HAS_COUNTS)
+    ExtraBlockTable,  # int32 [num_reqs, max_blocks] (EXTRA_HAS_BT; request ids from ReqIds)
+    extra_width,
+    extra_offset,  # position of the extra set's first entry in the split sequence
+    extra_num_rows,
+    extra_page_size,
+    stride_xkb,
+    stride_xkr,
+    stride_xkd,
+    stride_xit,
+    stride_xiw,
+    stride_xbtr,
+    stride_xbtb,
+    stride_xct,
+    extra_bt_block_size,
+    extra_bt_max_blocks,
     L: tl.constexpr,
     R: tl.constexpr,
     BLOCK_H: tl.constexpr,
@@ -133,6 +152,11 @@ def sparse_mla_latent_fwd_kernel(
     IDX_AHEAD: tl.constexpr,
     PDL: tl.constexpr,
     HAS_SINK: tl.constexpr,
+    HAS_EXTRA: tl.constexpr,  # a second index set into a second cache, in the same softmax
+    EXTRA_HAS_COUNTS: tl.constexpr,
+    EXTRA_HAS_BT: tl.constexpr,
+    EXTRA_BT_SHIFT: tl.constexpr,
+    EXTRA_PAGE_SHIFT: tl.constexpr,
 ):
     if PDL:
         # the merge pass may launch now; its griddepcontrol.wait holds it until this grid is
@@ -206,6 +230,50 @@ def sparse_mla_latent_fwd_kernel(
         b_p, b_alpha, b_l, b_m = _softmax_step(b_s, m_n, qk_scale, b_m, b_l)
         b_acc = b_acc * b_alpha[:, None]
         b_acc = tl.dot(b_p.to(dtype), b_kn, b_acc, input_precision=DOT_PRECISION)
+    if HAS_EXTRA:
+        # the extra set's part of this split: the same step on the second cache, continuing the
+        # running max, sum and accumulator, so both sets share one softmax
+        i_xreq, x_lo, x_hi = _extra_bounds(
+            ExtraCounts,
+            ReqIds,
+            i_t,
+            i_s,
+            split_len,
+            extra_width,
+            extra_offset,
+            stride_xct,
+            stride_rq,
+            EXTRA_HAS_COUNTS,
+            EXTRA_HAS_BT,
+        )
+        for x0 in range(x_lo, x_hi, BLOCK_N):
+            b_idx = _load_idx(ExtraIdx, i_t, x0, x_hi, stride_xit, stride_xiw, BLOCK_N)
+            o_row, m_n = _row_offsets(
+                b_idx,
+                ExtraBlockTable,
+                i_xreq,
+                stride_xbtr,
+                stride_xbtb,
+                extra_bt_block_size,
+                extra_bt_max_blocks,
+                extra_num_rows,
+                extra_page_size,
+                stride_xkb,
+                stride_xkr,
+                EXTRA_HAS_BT,
+                EXTRA_BT_SHIFT,
+                EXTRA_PAGE_SHIFT,
+            )
+            b_kn = _load_latent(ExtraKV, o_row, m_n, stride_xkd, dtype, L, E4M3, FP8_NATIVE)
+            b_s = tl.dot(b_qn, tl.trans(b_kn), input_precision=DOT_PRECISION)
+            if R > 0:
+                b_kr = _load_rope(
+                    ExtraKV, o_row, m_n, stride_xkd, b_qr.dtype, L, R, E4M3, FP8_NATIVE
+                )
+                b_s += tl.dot(b_qr, tl.trans(b_kr), input_precision=DOT_PRECISION)
+            b_p, b_alpha, b_l, b_m = _softmax_step(b_s, m_n, qk_scale, b_m, b_l)
+            b_acc = b_acc * b_alpha[:, None]
+            b_acc = tl.dot(b_p.to(dtype), b_kn, b_acc, input_precision=DOT_PRECISION)
 
     # normalise; an empty (t, split) gives zeros and LSE -inf
     b_nonempty = b_l > 0.0

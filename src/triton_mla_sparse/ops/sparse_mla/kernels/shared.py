@@ -75,7 +75,7 @@ def _load_idx(Idx, i_t, w0, w_hi, stride_it, stride_iw, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _row_offsets(
+def _row_page_slot(
     b_idx,
     BlockTable,
     i_req,
@@ -85,13 +85,11 @@ def _row_offsets(
     bt_max_blocks,
     num_rows,
     page_size,
-    stride_kb,
-    stride_kr,
     HAS_BT: tl.constexpr,
     BT_SHIFT: tl.constexpr,
     PAGE_SHIFT: tl.constexpr,
 ):
-    # [BLOCK_N] indices -> (int64 element offsets of each row, validity mask).
+    # [BLOCK_N] indices -> (page, slot in the page, validity mask), int32.
     # Invalid entries are clamped to row 0 before any address is formed.
     m_n = b_idx >= 0
     if HAS_BT:
@@ -109,6 +107,41 @@ def _row_offsets(
     m_n = m_n & (b_idx < num_rows)
     b_row = tl.where(m_n, b_idx, 0)  # int32: rows < 2^31, checked on the host
     b_page, b_slot = _div_pow2(b_row, page_size, PAGE_SHIFT)
+    return b_page, b_slot, m_n
+
+
+@triton.jit
+def _row_offsets(
+    b_idx,
+    BlockTable,
+    i_req,
+    stride_btr,
+    stride_btb,
+    bt_block_size,
+    bt_max_blocks,
+    num_rows,
+    page_size,
+    stride_kb,
+    stride_kr,
+    HAS_BT: tl.constexpr,
+    BT_SHIFT: tl.constexpr,
+    PAGE_SHIFT: tl.constexpr,
+):
+    # [BLOCK_N] indices -> (int64 element offsets of each row, validity mask)
+    b_page, b_slot, m_n = _row_page_slot(
+        b_idx,
+        BlockTable,
+        i_req,
+        stride_btr,
+        stride_btb,
+        bt_block_size,
+        bt_max_blocks,
+        num_rows,
+        page_size,
+        HAS_BT,
+        BT_SHIFT,
+        PAGE_SHIFT,
+    )
     o_row = b_page.to(tl.int64) * stride_kb + b_slot.to(tl.int64) * stride_kr
     return o_row, m_n
 
@@ -173,3 +206,34 @@ def _inv_denominator_with_sink(Sink, stride_sink, o_h, m_h, b_l, b_m, LOG2E: tl.
     b_m_use = tl.where(b_m == float("-inf"), 0.0, b_m)
     b_den = b_l + tl.exp2(b_sink * LOG2E - b_m_use)
     return tl.where(b_den > 0.0, 1.0 / tl.where(b_den > 0.0, b_den, 1.0), 0.0)
+
+
+@triton.jit
+def _extra_bounds(
+    ExtraCounts,
+    ReqIds,
+    i_t,
+    i_s,
+    split_len,
+    extra_width,
+    extra_offset,
+    stride_xct,
+    stride_rq,
+    EXTRA_HAS_COUNTS: tl.constexpr,
+    EXTRA_HAS_BT: tl.constexpr,
+):
+    # The extra index set continues the main one in a single sequence of gather steps: main
+    # entry w at position w, extra entry j at extra_offset + j, where extra_offset is the main
+    # width rounded up to whole steps (no step mixes the two sets). Split i_s walks positions
+    # [i_s * split_len, (i_s + 1) * split_len) of that sequence; this returns (request of token
+    # t, [x_lo, x_hi) of the extra list inside it), an empty range when the split holds none.
+    x_end = extra_width
+    if EXTRA_HAS_COUNTS:
+        x_end = tl.minimum(tl.load(ExtraCounts + i_t * stride_xct), extra_width)
+    i_req = 0
+    if EXTRA_HAS_BT:
+        i_req = tl.load(ReqIds + i_t * stride_rq).to(tl.int64)
+    s_lo = i_s * split_len
+    x_lo = tl.maximum(s_lo - extra_offset, 0)
+    x_hi = tl.minimum(s_lo + split_len - extra_offset, x_end)
+    return i_req, x_lo, x_hi
