@@ -312,6 +312,10 @@ class Case:
     indexer: str  # TRITON_MLA_SPARSE_INDEXER in the case's process
     workload: str = "mixed"  # mixed | prefix | reuse
     force_mqa: bool = False  # attention_config.sparse_mla_force_mqa: every prefill via MQA
+    # plugin cases: "q" runs the kernel's MMAs in q's dtype where the heuristics choose fp16
+    # operands for an e4m3 cache (bf16 rounding of P and of the values): the same kernel with
+    # one rounding changed, to see how far a legitimate rounding difference moves the workload
+    mma_operands: str = "auto"
     compare: tuple[Cmp, ...] = ()
     quick: bool = False
     note: str = ""
@@ -369,6 +373,16 @@ CASES: tuple[Case, ...] = (
         False,
         "auto",
         compare=(Cmp(("plugin-fp8",), "graphs"),),
+    ),
+    Case(
+        "plugin-fp8-qops",
+        PLUGIN,
+        "fp8_ds_mla",
+        True,
+        "auto",
+        mma_operands="q",
+        compare=(Cmp(("plugin-fp8",), "info"), Cmp(("flashmla-fp8",), "info")),
+        note="the plugin against itself with bf16 MMA operands: a rounding change for scale",
     ),
     # The SM80/86 path forced on this GPU (TRITON_MLA_SPARSE_INDEXER=triton): Triton indexer
     # logits, bf16 index q (plugin's fused_q), vLLM's fused_norm_rope without fp8 stores and the
@@ -809,6 +823,17 @@ def _run_case(spec: dict[str, Any], result: dict[str, Any]) -> None:
                 lc_state = install_reference_layer_check(FlashMLASparseImpl, lc_calls, lc["calls"])
         else:
             lc.update(enabled=False, note="the engine runs in another process (--multiproc)")
+
+    if spec.get("mma_operands", "auto") != "auto":
+        if spec["mma_operands"] != "q" or spec["backend"] != PLUGIN:
+            raise ValueError(f"mma_operands={spec['mma_operands']!r} on {spec['backend']}")
+        if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
+            raise RuntimeError("mma_operands needs the engine in this process (no --multiproc)")
+        from triton_mla_sparse.ops.sparse_mla import plan as sparse_mla_plan_module
+
+        # the plan asks this function once per call; False keeps q's dtype for the MMAs
+        sparse_mla_plan_module.fp16_mma_for = lambda *args, **kwargs: False
+        info["mma_operands"] = "q's dtype (fp16 operands off)"
 
     kwargs = llm_kwargs(spec)
     info["llm_kwargs"] = {k: v for k, v in kwargs.items() if k != "model"}
@@ -1577,6 +1602,7 @@ def _case_spec(
         "indexer": case.indexer,
         "workload": case.workload,
         "force_mqa": case.force_mqa,
+        **({"mma_operands": case.mma_operands} if case.mma_operands != "auto" else {}),
         # tolerances only judge results: changing them must not invalidate --resume
         "settings": {
             k: v
@@ -1835,6 +1861,7 @@ def list_cases(
         refs = "; ".join(f"{c.kind} vs {' | '.join(c.refs)}" for c in case.compare) or "reference"
         extra = [case.workload] if case.workload != "mixed" else []
         extra += ["force-mqa"] if case.force_mqa else []
+        extra += [f"mma-{case.mma_operands}"] if case.mma_operands != "auto" else []
         lines.append(
             f"  {case_id(fam, heads, case.name):42s} {case.backend:17s} "
             f"{case.kv_cache_dtype:10s} graphs {'on ' if case.graphs else 'off'} "
