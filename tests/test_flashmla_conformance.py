@@ -145,6 +145,30 @@ def flashmla_lse(lse: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isneginf(lse), torch.full_like(lse, float("inf")), lse)
 
 
+def test_rule_is_flashmlas():
+    """The rule passes an element within abs_tol or within rel_tol, fails one outside both,
+    fails misplaced inf/NaN, and fails a uniform drift that every element passes but the
+    cosine does not (FlashMLA's decode output rule)."""
+    ref = torch.tensor([0.0, 100.0, 0.5, float("inf"), float("-inf"), float("nan")])
+    assert flashmla_allclose("x", ref.clone(), ref, DECODE_OUT) == []
+    ok = ref.clone()
+    ok[0], ok[1] = 9e-4, 101.5  # abs 9e-4 < 1e-3; rel 0.015 < 2.01/128
+    elementwise = dataclasses.replace(DECODE_OUT, cos_diff_tol=1.0)
+    assert flashmla_allclose("x", ok, ref, elementwise) == []
+    bad = ref.clone()
+    bad[2] = 0.5 + 0.0081  # abs 8.1e-3 and rel 0.0162: outside both
+    assert "1 of 6 elements" in flashmla_allclose("x", bad, ref, elementwise)[0]
+    for i, v in ((3, 1.0), (4, float("inf")), (5, 0.0)):
+        moved = ref.clone()
+        moved[i] = v
+        assert "places" in flashmla_allclose("x", moved, ref, elementwise)[0]
+    drift = torch.linspace(1, 2, 64)
+    assert flashmla_allclose("x", drift * 1.01, drift, DECODE_OUT)[0].startswith("x: cos diff")
+    assert flashmla_allclose("x", drift * 1.001, drift, DECODE_OUT) == []
+    tiny = torch.full((4,), 1e-7)
+    assert flashmla_allclose("x", tiny * 5, tiny, DECODE_OUT) == []  # |r|^2 < 1e-12: no cosine
+
+
 # ----------------------------------------------------------------------------------------------
 # What cannot be expressed
 
