@@ -21,6 +21,8 @@ What it registers:
   Set ``TRITON_MLA_SPARSE_AUTOSELECT=0`` to turn that off (explicit selection still works).
 - where vLLM has no DeepGEMM (SM80/86/89), the Triton DSA indexer path (:mod:`.indexer_install`;
   ``TRITON_MLA_SPARSE_INDEXER=auto|triton|off``).
+- DeepSeek-V4's attention layers where vLLM 0.33 has no kernel (SM80/86/89; SM12x with a bf16
+  cache) (:mod:`.deepseek_v4`; ``TRITON_MLA_SPARSE_DSV4=auto|triton|off``).
 """
 
 from __future__ import annotations
@@ -167,6 +169,14 @@ def register() -> bool:
                 install()
             except Exception as e:
                 logger.warning("triton_mla_sparse: DSA indexer path skipped: %s", e)
+            # DeepSeek-V4's attention layers where vLLM has no kernel; imports nothing until
+            # vLLM's DeepSeek-V4 CUDA model module loads.
+            try:
+                from .deepseek_v4 import install as install_dsv4
+
+                install_dsv4()
+            except Exception as e:
+                logger.warning("triton_mla_sparse: DeepSeek-V4 route skipped: %s", e)
         else:
             logger.warning("triton_mla_sparse: registered nothing: %s", why)
         return ok
