@@ -34,6 +34,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .vllm_signatures import V4_RECORD_CACHE_DTYPES
+
 ENV = "TRITON_MLA_SPARSE_DSV4"
 MODES = ("auto", "triton", "off")
 MODEL_MODULE = "vllm.models.deepseek_v4.nvidia.model"
@@ -41,10 +43,7 @@ SELECTOR = "_select_dsv4_attn_cls"
 LAYER_CLASS_PATH = "triton_mla_sparse.vllm_plugin.deepseek_v4_layer.TritonDeepseekV4Attention"
 MARK = "_triton_mla_sparse_dsv4"
 
-# --kv-cache-dtype -> how the plugin's layer lays the caches out (and the kernel's kv_format).
-# fp8 strings: DeepSeek-V4's 584-byte record (vLLM's fp8_ds_mla layout), read in place.
-# Others: vLLM's plain bf16 rows [blocks, page, 512] (vllm/models/deepseek_v4/attention.py:125-129).
-V4_RECORD_CACHE_DTYPES = ("fp8", "fp8_e4m3", "fp8_ds_mla")
+# --kv-cache-dtype -> how the caches are laid out (vllm_signatures: vLLM's rule)
 BF16_CACHE_DTYPES = ("auto", "bfloat16", "float16")
 # vLLM's own DeepSeek-V4 choices (_select_dsv4_attn_cls): an explicit one is left to vLLM.
 VLLM_DSV4_BACKENDS = (

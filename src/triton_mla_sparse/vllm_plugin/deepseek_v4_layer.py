@@ -44,7 +44,7 @@ from vllm.v1.attention.backends.mla.sparse_swa import (
 )
 
 from ..ops.sparse_mla.interface import sparse_mla
-from .deepseek_v4 import V4_RECORD_CACHE_DTYPES
+from .vllm_signatures import V4_RECORD_CACHE_DTYPES
 
 if TYPE_CHECKING:
     from vllm.v1.attention.backends.mla.sparse_swa import DeepseekSparseSWAMetadata

@@ -146,3 +146,9 @@ def signature_error(target: str, obj: Any) -> str | None:
     if got != SIGNATURES[target] or not kinds_ok:
         return f"{target}{inspect.signature(obj)} differs from vLLM {VLLM_VERSION}'s"
     return None
+
+
+# DeepSeek-V4's --kv-cache-dtype values that vLLM 0.33 lays out as the 584-byte record (its
+# fp8_ds_mla layout, uint8 pages); every other value gets plain bf16 rows [blocks, page, 512]
+# (vllm/models/deepseek_v4/attention.py:94-129). The plugin's layer reads either in place.
+V4_RECORD_CACHE_DTYPES = ("fp8", "fp8_e4m3", "fp8_ds_mla")
