@@ -197,7 +197,7 @@ def main(args: argparse.Namespace) -> int:
         return run(args, device)
     emu = None
     if args.arch is not None:
-        emu = _start_emulation(ARCH_CHOICES[args.arch], device)
+        emu = start_emulation(ARCH_CHOICES[args.arch], device)
         if emu is None:
             return 2
     try:
@@ -207,7 +207,7 @@ def main(args: argparse.Namespace) -> int:
             emu.disable()
 
 
-def _start_emulation(cc: int, device):
+def start_emulation(cc: int, device):
     """The sm<cc> PTX-JIT emulation, enabled and checked on ``device``; None (after saying
     why on stderr) where this GPU cannot run that target's PTX."""
     import torch
