@@ -11,7 +11,7 @@ job's target.
 Usage: ``python aot_compile.py JOBS.json RESULTS.json``. A job is a dict with keys ``arch``
 (``"cuda:90"`` / ``"hip:gfx942"``), ``dtype``, ``fmt``, ``block_h``, ``block_n``, ``num_warps``,
 ``num_stages``, ``split``, ``rope``, ``has_counts``, ``has_bt``, ``store_lse`` and optionally
-``stage_dequant``, ``idx_ahead``, ``fp16_mma``; an indexer job has ``op`` ``"indexer_paged"`` /
+``stage_dequant``, ``idx_ahead``, ``fp16_mma``, ``e4m3_decode``; an indexer job has ``op`` ``"indexer_paged"`` /
 ``"indexer_mqa"``, ``arch``, ``q`` (``e4m3``/``fp16``/``bf16``/``fp32``), ``heads``, ``next_n``,
 ``ctx_2d``, the ``IndexerConfig`` fields and optionally ``fp8_native`` / ``fp8_mma`` (default:
 the target's decode, e4m3 MMAs). A result holds,
@@ -143,6 +143,8 @@ def _record(job: dict) -> list:
             extra[flag] = True
     if "fp16_mma" in job:
         extra["fp16_mma"] = job["fp16_mma"]
+    if job.get("e4m3_decode"):
+        extra["e4m3_decode"] = job["e4m3_decode"]
     cfg = KernelConfig(
         job["block_h"],
         job["block_n"],

@@ -300,3 +300,181 @@ def test_run_case_checks_before_timing():
     assert res.passed and res.err <= sparse_mla_tolerance(torch.float16).out_rtol
     assert res.us is None
     assert res.config.startswith("h16 ")
+
+
+# --- bench --arch: another target's path by PTX JIT ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv,words",
+    [
+        (["--arch", "sm75"], ["--arch", "sm75", "sm80"]),
+        (["--arch", "80"], ["--arch", "sm80"]),
+        (["--e4m3-decode", "vector"], ["--e4m3-decode", "packed-nomask"]),
+        (["--indexer", "--arch", "sm80"], ["--arch", "not with --indexer"]),
+        (["--indexer", "--e4m3-decode", "packed"], ["--e4m3-decode", "not with --indexer"]),
+    ],
+    ids=["arch-sm75", "arch-bare-number", "decode-bogus", "indexer-arch", "indexer-decode"],
+)
+def test_bench_arch_and_decode_arguments(no_gpu_work, capsys, argv, words):
+    with pytest.raises(SystemExit) as info:
+        main(["bench", *argv])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    for w in words:
+        assert w in err, (w, err)
+
+
+@pytest.mark.parametrize(
+    "argv", [["--arch", "sm80"], ["--arch", "sm86", "--e4m3-decode", "packed,packed-nomask"]]
+)
+def test_bench_arch_arguments_reach_the_gpu_lookup(no_gpu_work, argv):
+    with pytest.raises(AssertionError, match="looked for a GPU"):
+        main(["bench", *argv])
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """bench believes a CUDA GPU is here, of the capability the test sets (a CUDA build unless
+    the test sets torch.version.hip); any timing is an error (the refusals come first)."""
+    state = {"capability": (9, 0)}
+    monkeypatch.setattr(bench_cli, "gpu_device", lambda: torch.device("cuda"))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: state["capability"])
+    monkeypatch.setattr(torch.version, "hip", None, raising=False)
+
+    def no_work(*a, **k):
+        raise AssertionError("bench went on to measure after refusing")
+
+    import triton_mla_sparse.testing as testing
+
+    monkeypatch.setattr(testing, "measure_ceilings", no_work)
+    return state
+
+
+@pytest.mark.parametrize(
+    "arch,capability,hip,words",
+    [
+        ("sm89", (8, 6), None, ["sm86, older than sm89"]),
+        ("sm80", (7, 5), None, ["sm75, older than sm80"]),
+        ("sm89", (8, 9), None, ["sm89's path is its native one", "without"]),
+        ("sm80", (9, 4), "6.2", ["NVIDIA GPU", "ROCm (AMD)"]),
+    ],
+    ids=["older", "much-older", "native", "amd"],
+)
+def test_bench_arch_refuses_where_the_ptx_cannot_run(
+    fake_cuda, monkeypatch, capsys, arch, capability, hip, words
+):
+    fake_cuda["capability"] = capability
+    monkeypatch.setattr(torch.version, "hip", hip)
+    assert main(["bench", "--arch", arch]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    err = captured.err.strip()
+    assert err.startswith(f"triton-mla-sparse bench: error: --arch {arch}: ")
+    for w in words:
+        assert w in err, (w, err)
+
+
+def test_bench_arch_refuses_when_the_driver_cannot_jit(fake_cuda, monkeypatch, capsys):
+    """Past the static checks, the driver's own refusal (its JIT of one small kernel) is the
+    error, and the emulation is undone."""
+    from triton_mla_sparse.testing import ptx_jit
+
+    undone = []
+
+    class FakeEmulation:  # test double: enable() without touching Triton
+        cc = 80
+
+        def disable(self):
+            undone.append(True)
+
+    monkeypatch.setattr(ptx_jit, "enable", lambda cc, **kw: FakeEmulation())
+
+    def driver_says_no(emu, device):
+        raise ptx_jit.EmulationUnavailable("CUDA_ERROR_UNSUPPORTED_PTX_VERSION (test double)")
+
+    monkeypatch.setattr(ptx_jit, "check_jit", driver_says_no)
+    assert main(["bench", "--arch", "sm80"]) == 2
+    err = capsys.readouterr().err
+    assert "--arch sm80: CUDA_ERROR_UNSUPPORTED_PTX_VERSION" in err
+    assert undone == [True]
+
+
+def test_ptx_jit_refusal_accepts_newer_nvidia_gpus():
+    from triton_mla_sparse.testing import ptx_jit
+
+    for cc in (80, 86, 89):
+        for capability in ((9, 0), (10, 0), (12, 0)):
+            assert ptx_jit.refusal(cc, capability, hip=False) is None
+    assert "sm90 is not an emulated target" in ptx_jit.refusal(90, (10, 0), hip=False)
+    assert "none found" in ptx_jit.refusal(80, None, hip=False)
+    assert ptx_jit.path_label(80, "NVIDIA H200") == "sm80 path by PTX JIT on NVIDIA H200"
+
+
+def test_bench_arch_labels_every_row_and_the_json(monkeypatch, tmp_path, capsys):
+    """The table, the JSON and the CSV of an emulated run name the path on every row, FlashMLA's
+    column says native, and a kernel bigger than the target's shared memory fails its case.
+    Test doubles stand in for the GPU work (the emulation, the ceilings, the checked and timed
+    call): what is tested is the bookkeeping around them."""
+    import triton_mla_sparse.bench as bench_mod
+    import triton_mla_sparse.testing as testing
+    from triton_mla_sparse.bench import Result
+    from triton_mla_sparse.ops.target import TARGETS
+    from triton_mla_sparse.testing import ptx_jit
+    from triton_mla_sparse.testing.timing import Ceilings
+
+    a100 = next(a for a in TARGETS if a.backend == "cuda" and a.cc == 80)
+    emu = ptx_jit.Emulation(80, str(tmp_path), arch=a100)  # not enabled: nothing is patched
+    monkeypatch.setattr(testing, "measure_ceilings", lambda d: Ceilings(1000.0, 100.0))
+    monkeypatch.setattr(
+        bench_cli, "environment", lambda: {"gpu": "GPU-X", "date": "d", "torch": "t", "triton": "t"}
+    )
+    monkeypatch.setattr(bench_cli, "environment_line", lambda env: "GPU-X (test double)")
+
+    def fake_run_case(case, device, ceil, config=None, **kw):  # test double, fixed numbers
+        big = case.heads == 64  # this case "compiles" a kernel past sm80's 163 KB
+        emu.compiled.append(ptx_jit.Compiled("k", "sm_80", "mma.sync", 200_000 if big else 1, True))
+        return Result(
+            case.name,
+            case.kv_format,
+            "bfloat16",
+            case.tokens,
+            case.heads,
+            2048,
+            "h16 n32 w4 s2 k2",
+            1e-3,
+            True,
+            us=10.0,
+        )
+
+    monkeypatch.setattr(bench_mod, "run_case", fake_run_case)
+    js, cs = tmp_path / "b.json", tmp_path / "b.csv"
+    args = build_parser().parse_args(
+        [
+            "bench",
+            "--arch",
+            "sm80",
+            "--decode",
+            "1",
+            "--heads",
+            "16,64",
+            "--formats",
+            "auto",
+            "--no-prefill",
+            "--json",
+            str(js),
+            "--csv",
+            str(cs),
+        ]
+    )
+    assert bench_cli._bench(args, torch.device("cpu"), emu) == 1  # the 64-head case fails
+    out = capsys.readouterr().out
+    table_rows = [x for x in out.splitlines() if x.startswith("sm80 by PTX JIT ")]
+    assert len(table_rows) == 2 and "FAIL" in table_rows[1] and "FAIL" not in table_rows[0]
+    assert "sm80 path by PTX JIT on GPU-X: not an sm80 GPU's times" in out
+    assert "needs 195.3 KB of shared memory, sm80 has 163 KB" in out
+    doc = json.loads(js.read_text())
+    assert doc["environment"]["path"] == "sm80 path by PTX JIT on GPU-X"
+    assert [r["path"] for r in doc["results"]] == ["sm80 path by PTX JIT on GPU-X"] * 2
+    with open(cs) as f:
+        assert {r["path"] for r in csv.DictReader(f)} == {"sm80 path by PTX JIT on GPU-X"}

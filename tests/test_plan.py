@@ -5,6 +5,7 @@ plan sparse_mla hands to the launcher instead of launching)."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import itertools
 
@@ -240,3 +241,88 @@ def test_sparse_mla_plan_is_what_sparse_mla_launches(monkeypatch):
     assert sparse_mla_plan(q[:0], cache, idx[:0], 0.1, **kw) is None
     with pytest.raises(ValueError, match="indices"):
         sparse_mla_plan(q, cache, idx[:3], 0.1, **kw)
+
+
+# --- KernelConfig.e4m3_decode -----------------------------------------------------------------
+
+
+def test_e4m3_decode_constexprs_are_the_kernels_constants():
+    from triton_mla_sparse.ops import common
+    from triton_mla_sparse.ops.sparse_mla.heuristics import E4M3_DECODES
+    from triton_mla_sparse.ops.sparse_mla.plan import E4M3_DECODE_CONSTEXPR
+
+    assert {
+        "scalar": common.E4M3_SCALAR.value,
+        "packed": common.E4M3_PACKED.value,
+        "packed-nomask": common.E4M3_PACKED_NO_MASK.value,
+    } == E4M3_DECODE_CONSTEXPR
+    assert set(E4M3_DECODE_CONSTEXPR) == set(E4M3_DECODES)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_e4m3_decode_defaults_to_scalar_everywhere(fmt):
+    for arch in TARGETS:
+        plan = plan_for(128, 16, 2048, fmt=fmt, arch=arch)
+        assert plan.config.e4m3_decode == "scalar"
+        if fmt != "auto":  # the bf16 latent kernel takes it too (it decodes nothing)
+            assert plan.constexprs["E4M3_DECODE"] == 0
+
+
+@pytest.mark.parametrize(
+    "fmt, decode, stage, want",
+    [
+        ("fp8", "packed", False, 1),
+        ("fp8_ds_mla", "packed", True, 1),
+        ("fp8_ds_mla", "packed", False, 1),
+        ("fp8_ds_mla", "packed-nomask", True, 2),
+    ],
+)
+def test_e4m3_decode_reaches_the_kernel_on_the_integer_path(fmt, decode, stage, want):
+    cfg = KernelConfig(16, 32, 4, 2, num_splits=2, stage_dequant=stage, e4m3_decode=decode)
+    plan = plan_for(64, 16, 2048, fmt=fmt, arch=A100, config=cfg)
+    assert plan.config.e4m3_decode == decode and plan.constexprs["E4M3_DECODE"] == want
+    assert plan.constexprs["FP8_NATIVE"] is False
+    # on sm90 it needs the integer decode forced
+    forced = KernelConfig(16, 32, 4, 2, stage_dequant=stage, fp8_native=False, e4m3_decode=decode)
+    assert plan_for(64, 16, 2048, fmt=fmt, config=forced).constexprs["E4M3_DECODE"] == want
+
+
+@pytest.mark.parametrize(
+    "fmt, cfg, arch, on_gpu, words",
+    [
+        ("fp8", KernelConfig(16, 32, 4, 2, e4m3_decode="vector"), A100, True, ["'vector'"]),
+        ("auto", KernelConfig(16, 32, 4, 2, e4m3_decode="packed"), A100, True, ["'auto'"]),
+        (
+            "fp8_ds_mla_v4",
+            KernelConfig(16, 32, 4, 1, e4m3_decode="packed"),
+            A100,
+            True,
+            ["'fp8_ds_mla_v4'"],
+        ),
+        (
+            "fp8_ds_mla",
+            KernelConfig(16, 32, 4, 1, e4m3_decode="packed-nomask"),
+            A100,
+            True,
+            ["stage_dequant", "'packed'"],
+        ),
+        (
+            "fp8",
+            KernelConfig(16, 32, 4, 2, e4m3_decode="packed"),
+            A100,
+            False,
+            ["TRITON_INTERPRET"],
+        ),
+        ("fp8", KernelConfig(16, 32, 4, 1, e4m3_decode="packed"), MI300, True, ["hip", "gfx942"]),
+        ("fp8", KernelConfig(16, 32, 4, 2, e4m3_decode="packed"), H200, True, ["fp8_native=False"]),
+    ],
+)
+def test_e4m3_decodes_that_cannot_run_are_refused(fmt, cfg, arch, on_gpu, words):
+    with pytest.raises(ValueError) as e:
+        plan_for(4, 16, 2048, fmt=fmt, arch=arch, on_gpu=on_gpu, config=cfg)
+    for w in words:
+        assert w in str(e.value)
+    # the scalar decode is valid everywhere, also under the interpreter and on AMD
+    ok = dataclasses.replace(cfg, e4m3_decode="scalar")
+    plan = plan_for(4, 16, 2048, fmt=fmt, arch=arch, on_gpu=on_gpu, config=ok)
+    assert plan.config.e4m3_decode == "scalar"

@@ -445,6 +445,38 @@ def test_ds_mla_staging_variants(dtype, native, staged):
     run_case(q, paged, idx, dtype, fkw, cfg, ref_cache=paged.clone(), valid_counts=counts)
 
 
+NVIDIA_GPU = HAS_GPU and torch.version.hip is None
+
+
+@pytest.mark.skipif(not NVIDIA_GPU, reason="the packed e4m3 decode is inline PTX: NVIDIA GPUs only")
+@pytest.mark.parametrize("dtype", DTYPE_PARAMS)
+@pytest.mark.parametrize(
+    "fmt, decode, staged",
+    [
+        ("fp8", "packed", False),
+        ("fp8_ds_mla", "packed", True),
+        ("fp8_ds_mla", "packed", False),
+        ("fp8_ds_mla", "packed-nomask", True),
+    ],
+)
+def test_packed_e4m3_decode(dtype, fmt, decode, staged):
+    """KernelConfig.e4m3_decode's packed forms (inline PTX, four e4m3 bytes a call) on this GPU
+    with the integer decode forced: the lane order Triton packs the bytes in is only seen here
+    (tests/test_e4m3_decode.py checks the PTX's arithmetic on CPU)."""
+    g = gen(41)
+    t, h, nb, w = 3, 16, 8, 150
+    cache, fkw = make_cache(randn(nb * 64, D, g=g), fmt, dtype, "fp32")
+    paged = cache.view(nb, 64, cache.shape[-1])
+    q = randn(t, h, D, g=g, dtype=dtype)
+    idx = rand_indices(t, w, nb * 64, g)
+    idx[0, :70] = -1
+    cfg = config_for(t, h, w, dtype, fmt, False, 2)
+    cfg = dataclasses.replace(cfg, e4m3_decode=decode)
+    if fmt == "fp8_ds_mla":
+        cfg = dataclasses.replace(cfg, stage_dequant=staged)
+    run_case(q, paged, idx, dtype, fkw, cfg)
+
+
 # ----------------------------------------------------------------------------------------------
 # cache layouts and strided q / out
 

@@ -1,10 +1,13 @@
 """Sweep launch configurations for key shapes on the GPU: check each against the reference, time it.
 
-    python benchmarks/perf/tune.py [--only mem,mma,small,ds,occ,ds-mma] [--out DIR]
+    python benchmarks/perf/tune.py [--only mem,mma,small,ds,occ,ds-mma,e4m3] [--out DIR]
+        [--arch sm80|sm86|sm89]
 
 Prints one line per configuration and the best per case; writes every row, with the ceilings
 measured in the same run, to DIR/tune.json (DIR defaults to ./out/tune). Evidence for the
-choices in ops/sparse_mla/heuristics.py (see docs/PERFORMANCE.md).
+choices in ops/sparse_mla/heuristics.py (see docs/PERFORMANCE.md). ``--arch``: the sweeps on
+that target's path by PTX JIT (its default tiles, as ``triton-mla-sparse bench --arch``; the
+times are this GPU's, and every row of tune.json says so).
 """
 
 from __future__ import annotations
@@ -19,9 +22,28 @@ from pathlib import Path
 import torch
 
 from triton_mla_sparse.bench import prepare, run_case
-from triton_mla_sparse.ops.sparse_mla.heuristics import KernelConfig, arch_of, choose_config
+from triton_mla_sparse.cli.bench import ARCH_CHOICES
+from triton_mla_sparse.ops.sparse_mla.heuristics import (
+    E4M3_DECODES,
+    KernelConfig,
+    arch_of,
+    choose_config,
+)
 from triton_mla_sparse.testing import measure_ceilings
 from triton_mla_sparse.workloads import Case
+
+
+def e4m3_forms(c: Case) -> list[KernelConfig]:
+    """The path's own tiles with the integer e4m3 decode in each KernelConfig.e4m3_decode form
+    (forced where the path decodes in hardware; packed-nomask only where the tiles stage)."""
+    base = choose_config(
+        c.tokens, c.heads, c.topk, c.dtype, c.kv_format, arch_of(torch.device("cuda"))
+    )
+    return [
+        dataclasses.replace(base, fp8_native=False, e4m3_decode=d)
+        for d in E4M3_DECODES
+        if d != "packed-nomask" or base.stage_dequant
+    ]
 
 
 def grid(block_h, block_n, warps, stages, splits, **extra):
@@ -125,6 +147,18 @@ SWEEPS = {
             for bn in (32, 16)
         ],
     ),
+    # the integer e4m3 decode (sm80/86's path) scalar against packed (inline PTX, four values a
+    # call; docs/perf-log/12-packed-e4m3-sass.txt): per-tensor fp8 and fp8_ds_mla
+    "e4m3": (
+        [
+            Case("decode T=128 H=16", 128, 16, kv_format="fp8_ds_mla"),
+            Case("decode T=64 H=8", 64, 8, kv_format="fp8_ds_mla"),
+            Case("decode T=128 H=64", 128, 64, kv_format="fp8_ds_mla"),
+            Case("prefill T=4096 H=64", 4096, 64, rows=65536, kv_format="fp8_ds_mla"),
+            Case("decode T=128 H=16", 128, 16, kv_format="fp8"),
+        ],
+        e4m3_forms,
+    ),
 }
 
 
@@ -134,10 +168,28 @@ def main() -> None:
         "--out", metavar="DIR", type=Path, default=Path("out/tune"), help="directory for tune.json"
     )
     ap.add_argument("--only", default=",".join(SWEEPS), help="sweeps to run, comma-separated")
+    ap.add_argument(
+        "--arch",
+        choices=sorted(ARCH_CHOICES),
+        help="run the sweeps on that target's path by PTX JIT (this GPU's times)",
+    )
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    log = args.out / "tune.json"
     dev = torch.device("cuda")
+    path = "native"
+    if args.arch is not None:
+        from triton_mla_sparse.cli.bench import start_emulation
+        from triton_mla_sparse.testing.ptx_jit import path_label
+
+        if start_emulation(ARCH_CHOICES[args.arch], dev) is None:  # it says why
+            raise SystemExit(2)
+        path = path_label(ARCH_CHOICES[args.arch], torch.cuda.get_device_name(dev))
+        print(f"sweeping the {path}: this GPU's times, not an {args.arch} GPU's", flush=True)
+    sweep(args, dev, path)
+
+
+def sweep(args, dev, path: str) -> None:
+    log = args.out / "tune.json"
     ceil = measure_ceilings(dev)
     print(
         f"ceilings: copy {ceil.copy_gbps:.0f} GB/s, matmul {ceil.matmul_tflops:.0f} TFLOP/s",
@@ -163,7 +215,7 @@ def main() -> None:
                         "error": repr(e)[:300],
                     }
                     traceback.print_exc(limit=1)
-                d["sweep"], d["default"] = name, cfg == default
+                d["sweep"], d["default"], d["path"] = name, cfg == default, path
                 rows.append(d)
                 with open(log, "w") as f:
                     json.dump({"ceilings": dataclasses.asdict(ceil), "rows": rows}, f, indent=1)

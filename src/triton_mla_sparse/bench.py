@@ -75,18 +75,23 @@ def config_label(cfg: KernelConfig) -> str:
     return label
 
 
+# plan_label's mark of a packed integer e4m3 decode (KernelConfig.e4m3_decode)
+PACKED_LABELS = {"packed": " +pk", "packed-nomask": " +pknm"}
+
+
 def plan_label(plan: LaunchPlan) -> str:
     """What a call runs: :func:`config_label` of the plan's configuration as run (``k`` the
     split count actually used), then for e4m3 caches ``+int`` where the bytes are decoded with
-    integer arithmetic (sm80/86, AMD) and ``+qmma`` where the MMAs take q's dtype instead of
-    fp16 (heuristics.fp16_mma_for)."""
+    integer arithmetic (sm80/86, AMD), ``+pk`` / ``+pknm`` where that decode is packed
+    (KernelConfig.e4m3_decode "packed" / "packed-nomask") and ``+qmma`` where the MMAs take q's
+    dtype instead of fp16 (heuristics.fp16_mma_for)."""
     # "-pdl" only where a merge runs without programmatic dependent launch
     pdl = None if plan.merge is None or plan.merge.pdl else False
     label = config_label(dataclasses.replace(plan.config, pdl=pdl))
     c = plan.constexprs
     if c.get("E4M3") or plan.family == DS_MLA:
         if not c["FP8_NATIVE"]:
-            label += " +int"
+            label += " +int" + PACKED_LABELS.get(plan.config.e4m3_decode, "")
         if not c["MMA_FP16"]:
             label += " +qmma"
     return label

@@ -9,6 +9,8 @@ import json
 import sys
 
 from ..kv_format import KV_FORMATS
+from ..ops.sparse_mla.heuristics import E4M3_DECODES
+from ..testing.ptx_jit import EMULATED_CCS
 from .common import environment, environment_line, gpu_device, num, table, write_csv
 
 DESCRIPTION = (
@@ -26,6 +28,10 @@ DEFAULT_PREFILL_HEADS = [16, 64, 128]
 PREFILL_TOKENS, PREFILL_ROWS = 4096, 65536
 # What --indexer takes; every other option is refused with it.
 INDEXER_OPTIONS = "--formats (its DSA layer's caches), --no-prefill, --full, --json, --csv"
+# --arch: the targets of the project's table (ops/target.py) whose PTX a newer GPU can JIT
+ARCH_CHOICES = {f"sm{cc}": cc for cc in (80, 86, 89) if cc in EMULATED_CCS}
+# the e4m3 caches --e4m3-decode varies (the formats whose kernels take it, plan.py)
+E4M3_DECODE_BENCH_FORMATS = ("fp8", "fp8_ds_mla")
 
 
 def _csv_text(values: list[int]) -> str:
@@ -110,6 +116,24 @@ def add_args(p: argparse.ArgumentParser) -> None:
         "cannot run here",
     )
     p.add_argument(
+        "--arch",
+        choices=sorted(ARCH_CHOICES),
+        help="time another target's code path on this (newer NVIDIA) GPU: the kernels compiled "
+        "for that target (its tiles, MMA instructions, e4m3 decode and SM count; kernels that "
+        "would not fit its shared memory fail) and run through the driver's PTX JIT, each "
+        "checked against the reference first; every row and the JSON say so, and the times "
+        "are this GPU's, not an A100's or L40S's. --compare flashmla runs natively beside it. "
+        "Exit 2 where this GPU cannot run the target's PTX",
+    )
+    p.add_argument(
+        "--e4m3-decode",
+        type=csv_of(str, choices=E4M3_DECODES),
+        help="with e4m3 caches (fp8, fp8_ds_mla), one run per listed form of the integer e4m3 "
+        f"decode (KernelConfig.e4m3_decode: {', '.join(E4M3_DECODES)}), beside the default "
+        "path's choice; needs a path without hardware fp8 (sm80/86: --arch sm80 or sm86); "
+        "packed-nomask runs only where the tiles are staged (sm80's fp8_ds_mla)",
+    )
+    p.add_argument(
         "--indexer",
         action="store_true",
         help="bench the DSA indexer logits instead (decode, prefill, one DSA decode layer per "
@@ -136,6 +160,8 @@ def check_args(args: argparse.Namespace) -> str | None:
                 ("--reference", args.reference),
                 ("--plot", args.plot is not None),
                 ("--compare", args.compare is not None),
+                ("--arch", args.arch is not None),
+                ("--e4m3-decode", args.e4m3_decode is not None),
             )
             if used
         ]
@@ -169,6 +195,68 @@ def main(args: argparse.Namespace) -> int:
         from .bench_indexer import run
 
         return run(args, device)
+    emu = None
+    if args.arch is not None:
+        emu = start_emulation(ARCH_CHOICES[args.arch], device)
+        if emu is None:
+            return 2
+    try:
+        return _bench(args, device, emu)
+    finally:
+        if emu is not None:
+            emu.disable()
+
+
+def start_emulation(cc: int, device):
+    """The sm<cc> PTX-JIT emulation, enabled and checked on ``device``; None (after saying
+    why on stderr) where this GPU cannot run that target's PTX."""
+    import torch
+
+    from ..ops.sparse_mla import kernels
+    from ..testing import ptx_jit
+
+    hip = getattr(torch.version, "hip", None) is not None
+    why = ptx_jit.refusal(cc, torch.cuda.get_device_capability(device), hip)
+    if why is None:
+        # kernels launched before would keep their native binaries: start them afresh
+        reset = [
+            kernels.sparse_mla_latent_fwd_kernel,
+            kernels.sparse_mla_ds_mla_fwd_kernel,
+            kernels.sparse_mla_ds_mla_v4_fwd_kernel,
+            kernels.sparse_mla_merge_kernel,
+        ]
+        emu = ptx_jit.enable(cc, reset=reset)
+        try:
+            ptx_jit.check_jit(emu, device)
+            return emu
+        except ptx_jit.EmulationUnavailable as e:
+            emu.disable()
+            why = str(e)
+    print(f"triton-mla-sparse bench: error: --arch sm{cc}: {why}", file=sys.stderr)
+    return None
+
+
+def _decode_variants(case, default, decodes, fp8_native: bool) -> list:
+    """(config, note) per run of ``case``: the path's own choice (config None), then each
+    --e4m3-decode form on its chosen tiles, where one applies (note: why one is skipped)."""
+    runs = [(None, None)]
+    if not decodes or case.kv_format not in E4M3_DECODE_BENCH_FORMATS:
+        return runs
+    for d in decodes:
+        cfg = dataclasses.replace(default, e4m3_decode=d)
+        if d == "scalar" and default.e4m3_decode in (None, "scalar"):
+            continue  # the default run is this one
+        if d == "packed-nomask" and not default.stage_dequant:
+            runs.append((None, f"{d}: skipped, this path does not stage {case.kv_format} tiles"))
+        elif d != "scalar" and fp8_native:
+            runs.append((None, f"{d}: skipped, this path decodes e4m3 in hardware"))
+        else:
+            runs.append((cfg, None))
+    return runs
+
+
+def _bench(args: argparse.Namespace, device, emu) -> int:
+    """bench's sparse_mla run, natively (``emu`` None) or under a PTX-JIT emulation."""
     fmla = None
     if args.compare == "flashmla":
         from ..peers import flashmla
@@ -179,8 +267,9 @@ def main(args: argparse.Namespace) -> int:
             print(e, file=sys.stderr)
             return 2
     from ..bench import prepare, run_case, run_flashmla
+    from ..ops.sparse_mla.heuristics import arch_of, choose_config
     from ..testing import measure_ceilings
-    from ..workloads import Case
+    from ..workloads import PAGE, Case
 
     decode = args.decode or DEFAULT_DECODE_TOKENS
     heads = args.heads or DEFAULT_DECODE_HEADS
@@ -190,6 +279,25 @@ def main(args: argparse.Namespace) -> int:
     ceil = measure_ceilings(device)
     env["copy_gbps"], env["matmul_tflops"] = round(ceil.copy_gbps, 1), round(ceil.matmul_tflops, 1)
     print(environment_line(env))
+    path = "native"
+    if emu is not None:
+        from ..testing.ptx_jit import path_label
+
+        path = path_label(emu.cc, env["gpu"])
+        env["path"], env["emulated_sms"] = path, emu.arch.num_sms
+        print(
+            f"timing the {path} (tiles and split counts for {emu.arch.num_sms} SMs): these are "
+            f"this GPU's times, not an sm{emu.cc} GPU's; FlashMLA, if compared, runs natively"
+        )
+    arch = arch_of(device)
+    if args.e4m3_decode and arch.fp8_native and set(args.e4m3_decode) != {"scalar"}:
+        print(
+            f"triton-mla-sparse bench: error: --e4m3-decode {','.join(args.e4m3_decode)}: the "
+            f"sm{arch.cc} path decodes e4m3 in hardware; the integer decode's forms run on the "
+            "sm80/86 paths (--arch sm80 or sm86 on a newer GPU)",
+            file=sys.stderr,
+        )
+        return 2
     print(
         f"ceilings measured now: copy {ceil.copy_gbps:.0f} GB/s, bf16 matmul {ceil.matmul_tflops:.0f} TFLOP/s"
     )
@@ -206,24 +314,52 @@ def main(args: argparse.Namespace) -> int:
                     name, PREFILL_TOKENS, h, rows=PREFILL_ROWS, kv_format=fmt, sink=args.sink
                 )
                 cases.append(case)
-    results, failed, peers = [], 0, {}
+    results, failed, peers, notes, shared = [], 0, {}, [], {}
+    runs = []
     for case in cases:
-        prepared = prepare(case, device) if fmla is not None else None
-        res = run_case(case, device, ceil, time_reference=args.reference, prepared=prepared)
+        width = min(case.topk, -(-case.rows // PAGE) * PAGE)  # make_inputs' top-k width
+        default = choose_config(case.tokens, case.heads, width, case.dtype, case.kv_format, arch)
+        for cfg, note in _decode_variants(case, default, args.e4m3_decode, arch.fp8_native):
+            if note is not None:
+                notes.append(f"{case.kv_format} {case.name}: {note}")
+            else:
+                runs.append((case, cfg))
+    prepared = None
+    for i, (case, cfg) in enumerate(runs):
+        first = i == 0 or runs[i - 1][0] is not case  # a case's first run (its default path)
+        if first:
+            prepared = prepare(case, device) if fmla is not None or args.e4m3_decode else None
+        since = len(emu.compiled) if emu is not None else 0
+        res = run_case(
+            case, device, ceil, config=cfg, time_reference=args.reference, prepared=prepared
+        )
+        if emu is not None:
+            # a kernel compiled for this run, or reused from one with the same variant, that
+            # would not fit the emulated part's shared memory: it ran on this GPU's larger one
+            key = (res.kv_format, res.config)
+            shared[key] = max([shared.get(key, 0)] + [c.shared for c in emu.compiled[since:]])
+            if shared[key] > emu.arch.smem_bytes:
+                res.passed = False
+                notes.append(
+                    f"{res.kv_format} {res.case} {res.config}: needs {shared[key] / 1024:.1f} KB "
+                    f"of shared memory, sm{emu.cc} has {emu.arch.smem_bytes / 1024:.0f} KB"
+                )
         failed += not res.passed
         results.append(res)
         line = (
             f"  {res.kv_format:10s} {res.case:24s} err {res.err:.1e} "
             f"{'pass' if res.passed else 'FAIL'} {num(res.us, '.1f')} us"
         )
-        if fmla is not None:
+        if emu is not None:
+            line = f"  [sm{emu.cc} by PTX JIT] {res.config:24s}" + line
+        if fmla is not None and first:
             peer = run_flashmla(case, device, prepared, res, fmla)
             if peer is not None:
                 peers[len(results) - 1] = peer
                 failed += not peer.passed
                 line += f" | flashmla {_peer_cell(peer)} us, ours/flashmla {num(peer.ratio, '.2f')}"
         print(line, flush=True)
-    header = [
+    header = ([] if emu is None else ["path"]) + [
         "kv",
         "case",
         "config",
@@ -239,9 +375,11 @@ def main(args: argparse.Namespace) -> int:
         header.append("ref us")
     if fmla is not None:
         header += ["flashmla call", "flashmla us", "ours/flashmla"]
+        if emu is not None:
+            header[-2] = "flashmla us (native)"
     rows = []
     for i, r in enumerate(results):
-        row = [
+        row = ([] if emu is None else [f"sm{emu.cc} by PTX JIT"]) + [
             r.kv_format,
             r.case,
             r.config,
@@ -260,11 +398,15 @@ def main(args: argparse.Namespace) -> int:
             row += ["-", "-", "-"] if p is None else [p.call, _peer_cell(p), num(p.ratio, ".2f")]
         rows.append(row)
     print()
+    if emu is not None:
+        print(f"{path}: not an sm{emu.cc} GPU's times")
     print(table(rows, header))
     for p in peers.values():
         if p.error:
             print(f"flashmla {p.kv_format} {p.case}: {p.error}")
-    dicts = [dataclasses.asdict(r) for r in results]
+    for n in notes:
+        print(n)
+    dicts = [{"path": path, **dataclasses.asdict(r)} for r in results]
     if args.json:
         doc = {"environment": env, "results": dicts}
         if fmla is not None:
@@ -275,7 +417,7 @@ def main(args: argparse.Namespace) -> int:
     if args.csv:
         write_csv(args.csv, dicts)
     if args.plot:
-        _plot(results, args.plot, env)
+        _plot(results, args.plot, env, list(peers.values()), None if emu is None else path)
     return 1 if failed else 0
 
 
@@ -288,7 +430,9 @@ def _peer_cell(p) -> str:
     return num(p.us, ".1f")
 
 
-def _plot(results, path: str, env: dict) -> None:
+def _plot(results, path: str, env: dict, peers=(), label: str | None = None) -> None:
+    """µs against decode tokens per head count and format; ``peers`` (FlashMLA) dashed beside,
+    ``label`` (an emulated path) in the title and legend."""
     try:
         import matplotlib
 
@@ -303,10 +447,27 @@ def _plot(results, path: str, env: dict) -> None:
             pts = [
                 (r.tokens, r.us)
                 for r in results
-                if r.kv_format == fmt and r.heads == h and r.us and r.case.startswith("decode")
+                if r.kv_format == fmt
+                and r.heads == h
+                and r.us
+                and r.case.startswith("decode")
+                and " +pk" not in r.config  # the path's own decode; --e4m3-decode runs apart
             ]
             if pts:
-                ax.plot(*zip(*sorted(pts)), marker="o", label=f"H={h}")
+                line = ax.plot(*zip(*sorted(pts)), marker="o", label=f"H={h}")[0]
+                fpts = [
+                    (p.tokens, p.us)
+                    for p in peers
+                    if p.kv_format == fmt and p.heads == h and p.us and p.case.startswith("decode")
+                ]
+                if fpts:
+                    ax.plot(
+                        *zip(*sorted(fpts)),
+                        marker="x",
+                        linestyle="--",
+                        color=line.get_color(),
+                        label=f"H={h} FlashMLA (native)",
+                    )
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("decode tokens (top-k 2048)")
@@ -314,6 +475,9 @@ def _plot(results, path: str, env: dict) -> None:
         ax.grid(True, alpha=0.3)
         ax.legend()
     axes[0].set_ylabel("µs per call (CUDA graph)")
-    fig.suptitle(environment_line(env), fontsize=8)
+    title = environment_line(env)
+    if label:
+        title = f"{label} (not that GPU's times) | {title}"
+    fig.suptitle(title, fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

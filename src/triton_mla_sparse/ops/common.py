@@ -7,13 +7,42 @@ Only jit functions here: importing this module compiles nothing and touches no G
 import triton
 import triton.language as tl
 
+# How e4m3 bytes are decoded without hardware fp8 (the E4M3_DECODE constexpr; sparse_mla's
+# KernelConfig.e4m3_decode names them): one value per chain of integer operations, or four
+# values per inline-PTX call. PACKED_NO_MASK also drops fp8_ds_mla's staging mask (its kernel).
+E4M3_SCALAR = tl.constexpr(0)
+E4M3_PACKED = tl.constexpr(1)
+E4M3_PACKED_NO_MASK = tl.constexpr(2)
+
+# 4 e4m3 bytes (one 32-bit register, byte i = element i) -> 2 registers of fp16 pairs, the same
+# bit patterns as the scalar integer decode in _e4m3_to (value * 2^-8): prmt spreads the bytes
+# into the high byte of each 16-bit lane (lane = b << 8); the sign stays at bit 15, the 7
+# exponent and mantissa bits shift right by one into bits 13..7. Two instructions per value
+# instead of ~8 (docs/perf-log/12-packed-e4m3-sass.txt). PTX, so NVIDIA only.
+E4M3X4_TO_F16X4_PTX = tl.constexpr("""{
+.reg .b32 lo, hi, t;
+prmt.b32 lo, $2, 0, 0x1404;
+prmt.b32 hi, $2, 0, 0x3424;
+and.b32 t, lo, 0x7F007F00;
+shr.b32 t, t, 1;
+and.b32 lo, lo, 0x80008000;
+or.b32 $0, lo, t;
+and.b32 t, hi, 0x7F007F00;
+shr.b32 t, t, 1;
+and.b32 hi, hi, 0x80008000;
+or.b32 $1, hi, t;
+}""")
+# values per inline-PTX call of E4M3X4_TO_F16X4_PTX (one 32-bit register of bytes)
+E4M3_PACK = tl.constexpr(4)
+
 
 @triton.jit
-def _e4m3_to(b_u8, dtype: tl.constexpr, FP8_NATIVE: tl.constexpr):
+def _e4m3_to(b_u8, dtype: tl.constexpr, FP8_NATIVE: tl.constexpr, DECODE: tl.constexpr = 0):
     # e4m3 byte -> `dtype`. Without hardware fp8 (sm80/86, AMD) rebuild the fp16 bit pattern:
     # exponent/mantissa shift into place and the sign moves to bit 15; the bias changes from 7 to
     # 15, a factor 2^-8 that callers put back through their scale (k_scale or the ds_mla scales).
-    # Exact for every finite e4m3.
+    # Exact for every finite e4m3. DECODE (E4M3_*; the default is E4M3_SCALAR, for callers with
+    # no choice) picks the scalar or the packed form of the same bit patterns.
     if FP8_NATIVE:
         b_f = b_u8.to(tl.float8e4nv, bitcast=True)
         if dtype == tl.bfloat16:
@@ -21,6 +50,16 @@ def _e4m3_to(b_u8, dtype: tl.constexpr, FP8_NATIVE: tl.constexpr):
             # cvt.bf16.f16 that only sm90+ has (ptxas rejects it)
             return b_f.to(tl.float32).to(dtype)
         return b_f.to(dtype)
+    elif DECODE != E4M3_SCALAR:
+        b_h = tl.inline_asm_elementwise(
+            E4M3X4_TO_F16X4_PTX,
+            "=r,=r,r",
+            [b_u8],
+            dtype=tl.float16,
+            is_pure=True,
+            pack=E4M3_PACK,
+        )
+        return b_h.to(dtype)
     else:
         b16 = b_u8.to(tl.uint16)
         bits = ((b16 & 0x7F) << 7) | ((b16 & 0x80) << 8)

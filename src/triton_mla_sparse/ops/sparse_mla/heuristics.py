@@ -19,6 +19,8 @@ from ..target import SMEM_227KB_CLASS, SMEM_LARGE_CLASS, TARGETS, Arch, arch_of
 __all__ = [
     "TARGETS",
     "Arch",
+    "E4M3_DECODES",
+    "E4M3_DECODE_DEFAULT",
     "SCALED_CHUNK_FORMATS",
     "KernelConfig",
     "arch_of",
@@ -58,7 +60,18 @@ class KernelConfig:
     # or, False, in q's dtype (no conversion of q). None: the architecture's choice
     # (heuristics.fp16_mma_for).
     fp16_mma: bool | None = None
+    # e4m3 caches without hardware fp8 (fp8_native False: sm80/86, or forced): "scalar" decodes
+    # one value per chain of integer operations; "packed" four values per inline-PTX call
+    # (NVIDIA only); "packed-nomask" also drops fp8_ds_mla's staging mask (the cast then feeds
+    # the staged tile unmasked). None: the architecture's choice, E4M3_DECODE_DEFAULT. Not yet
+    # timed on a GPU (docs/perf-log/12-packed-e4m3-sass.txt): the default stays "scalar".
+    e4m3_decode: str | None = None
 
+
+# KernelConfig.e4m3_decode's values, and the choice when it is None (every architecture, until a
+# GPU measurement favours another).
+E4M3_DECODES = ("scalar", "packed", "packed-nomask")
+E4M3_DECODE_DEFAULT = "scalar"
 
 # The per-group-scaled e4m3 formats: one kernel structure (scaled chunks folded into the logits
 # and into P), the same tiles.

@@ -15,7 +15,14 @@ from typing import Any
 import torch
 
 from ..target import Arch
-from .heuristics import KernelConfig, choose_config, fp16_mma_for, split_len_for
+from .heuristics import (
+    E4M3_DECODE_DEFAULT,
+    E4M3_DECODES,
+    KernelConfig,
+    choose_config,
+    fp16_mma_for,
+    split_len_for,
+)
 
 # Kernel families (kernels/): one per way a cache row is laid out.
 LATENT = "latent"  # a plain [L + R] row: q's dtype ("auto") or per-tensor e4m3 ("fp8")
@@ -31,6 +38,13 @@ MERGE_TILE_ELEMENTS = 4096
 # shrinking (64 columns are 128 bytes of a bf16 output row, one cache line a store).
 MERGE_MIN_BLOCK_L = 64
 MERGE_NUM_WARPS = 4
+
+# KernelConfig.e4m3_decode -> the kernels' E4M3_DECODE constexpr: ops/common.py's E4M3_SCALAR,
+# E4M3_PACKED, E4M3_PACKED_NO_MASK (written out: this module imports no Triton;
+# tests/test_plan.py checks they agree)
+E4M3_DECODE_CONSTEXPR = {"scalar": 0, "packed": 1, "packed-nomask": 2}
+# The formats whose kernels take E4M3_DECODE (the V4 record's kernel decodes scalar only).
+E4M3_DECODE_FORMATS = ("fp8", "fp8_ds_mla")
 
 
 def _shift(n: int) -> int:
@@ -68,8 +82,8 @@ class LaunchPlan:
     """One call's kernels, grids and constexprs (``launch.launch_sparse_mla`` runs it).
 
     ``config`` is the configuration as run: ``num_splits`` is the split count actually used
-    (the request rounded to whole gather steps) and ``fp8_native``, ``pdl``, ``fp16_mma`` are
-    decided. ``workspace`` is the fp32 ``[T, S, H, L]`` partial-output shape (None unsplit).
+    (the request rounded to whole gather steps) and ``fp8_native``, ``pdl``, ``fp16_mma``,
+    ``e4m3_decode`` are decided. ``workspace`` is the fp32 ``[T, S, H, L]`` partial-output shape (None unsplit).
     """
 
     family: str
@@ -106,6 +120,48 @@ def check_config(cfg: KernelConfig, kv_format: str, has_bt: bool) -> None:
         raise ValueError(
             f"config {cfg} asks for stage_dequant=True, which applies to "
             f"kv_format='fp8_ds_mla' and 'fp8_ds_mla_v4' only (got kv_format={kv_format!r})"
+        )
+    decode = cfg.e4m3_decode
+    if decode is not None and decode not in E4M3_DECODES:
+        raise ValueError(
+            f"config {cfg} asks for e4m3_decode={decode!r}: one of {', '.join(E4M3_DECODES)} "
+            "or None (the architecture's choice)"
+        )
+    if decode not in (None, E4M3_DECODE_DEFAULT) and kv_format not in E4M3_DECODE_FORMATS:
+        raise ValueError(
+            f"config {cfg} asks for e4m3_decode={decode!r}, which applies to the e4m3 caches "
+            f"of kv_format {' and '.join(map(repr, E4M3_DECODE_FORMATS))} only "
+            f"(got kv_format={kv_format!r})"
+        )
+    if decode == "packed-nomask" and not cfg.stage_dequant:
+        raise ValueError(
+            f"config {cfg} asks for e4m3_decode='packed-nomask', which drops the staging mask "
+            "of stage_dequant=True tiles; this config does not stage: pass 'packed'"
+        )
+
+
+def check_e4m3_decode(cfg: KernelConfig, arch: Arch, on_gpu: bool) -> None:
+    """Refuse a packed e4m3 decode where it cannot run: it is inline PTX (no interpreter, no
+    AMD) and replaces the integer decode, which runs only without hardware fp8. ``cfg`` has
+    ``fp8_native`` resolved."""
+    decode = cfg.e4m3_decode
+    if decode in (None, E4M3_DECODE_DEFAULT):
+        return
+    if not on_gpu:
+        raise ValueError(
+            f"config {cfg} asks for e4m3_decode={decode!r}, inline PTX that Triton's interpreter "
+            "cannot run: only 'scalar' (or None) runs under TRITON_INTERPRET=1"
+        )
+    if arch.backend != "cuda":
+        raise ValueError(
+            f"config {cfg} asks for e4m3_decode={decode!r}, NVIDIA PTX, on {arch.backend} "
+            f"target {arch.cc}: only 'scalar' (or None) runs there"
+        )
+    if cfg.fp8_native:
+        raise ValueError(
+            f"config {cfg} asks for e4m3_decode={decode!r}, a form of the integer e4m3 decode, "
+            f"but sm{arch.cc} decodes e4m3 in hardware (fp8_native=True): pass fp8_native=False "
+            "to run the integer decode here"
         )
 
 
@@ -167,8 +223,14 @@ def make_plan(
     # interpreter, where griddepcontrol has no meaning
     pdl = on_gpu and arch.pdl and cfg.pdl is not False and split
     cfg = dataclasses.replace(
-        cfg, num_splits=num_splits, fp8_native=fp8_native, pdl=pdl, fp16_mma=fp16_mma
+        cfg,
+        num_splits=num_splits,
+        fp8_native=fp8_native,
+        pdl=pdl,
+        fp16_mma=fp16_mma,
+        e4m3_decode=cfg.e4m3_decode or E4M3_DECODE_DEFAULT,
     )
+    check_e4m3_decode(cfg, arch, on_gpu)
     num_hb = -(-num_heads // cfg.block_h)
     bt_block_size = block_size if has_bt else 1
     common = dict(
@@ -197,11 +259,14 @@ def make_plan(
         constexprs = dict(
             common,
             E4M3=kv_format == "fp8",
+            E4M3_DECODE=E4M3_DECODE_CONSTEXPR[cfg.e4m3_decode],
             K_SCALE_PTR=k_scale_tensor,
             IDX_AHEAD=cfg.idx_ahead,
         )
     else:
         constexprs = dict(common, STAGE=cfg.stage_dequant)
+        if family == DS_MLA:
+            constexprs["E4M3_DECODE"] = E4M3_DECODE_CONSTEXPR[cfg.e4m3_decode]
     merge = None
     if split:
         s_pad = 1 << (num_splits - 1).bit_length()

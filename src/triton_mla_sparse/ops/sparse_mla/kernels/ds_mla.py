@@ -9,7 +9,7 @@ the e4m3 -> MMA-type conversion stays a plain elementwise cast on the operand.
 import triton
 import triton.language as tl
 
-from ...common import _e4m3_to
+from ...common import E4M3_PACKED_NO_MASK, _e4m3_to
 from .shared import (
     _extra_bounds,
     _head_offsets,
@@ -37,6 +37,7 @@ def _ds_chunk(
     L: tl.constexpr,
     dtype: tl.constexpr,
     FP8_NATIVE: tl.constexpr,
+    E4M3_DECODE: tl.constexpr,
 ):
     # chunk G of BLOCK_N rows: (e4m3 latent [BLOCK_N, C] cast to `dtype`, unscaled; its float32
     # scale per row [BLOCK_N]). The integer decode leaves a factor 2^(7-15), put back through
@@ -47,11 +48,14 @@ def _ds_chunk(
     b_sc = tl.load(p_sc, mask=m_n, other=0.0)
     if not FP8_NATIVE:
         b_sc = b_sc * 256.0
-    b_k = _e4m3_to(b_k8, dtype, FP8_NATIVE)
-    if STAGE:
+    b_k = _e4m3_to(b_k8, dtype, FP8_NATIVE, E4M3_DECODE)
+    if STAGE and not (E4M3_DECODE == E4M3_PACKED_NO_MASK and not FP8_NATIVE):
         # masking after the cast keeps Triton from hoisting the cast into each dot's operand
         # layout: the tile is converted once and staged through shared memory as fp16, instead
-        # of being re-read byte by byte (transposed, bank-conflicted) for the PV dot
+        # of being re-read byte by byte (transposed, bank-conflicted) for the PV dot. The load's
+        # zero fill already decodes to 0.0, so the mask is only that barrier; on packed fp16 it
+        # costs unpack, select and repack per two values, which the packed decode's no-mask
+        # variant drops so that the GPU can say which costs more.
         b_k = tl.where(m_n[:, None], b_k, 0.0)
     return b_k, b_sc
 
@@ -96,14 +100,15 @@ def _ds_step(
     R: tl.constexpr,
     dtype: tl.constexpr,
     FP8_NATIVE: tl.constexpr,
+    E4M3_DECODE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     # one gather step of the extra set: the main loop's step (written out in the kernel, as
     # measured) -> the updated accumulators, running sum, running max and reference scale
-    b_k0, b_c0 = _ds_chunk(STAGE, KV, o_row, m_n, 0, C, L, dtype, FP8_NATIVE)
-    b_k1, b_c1 = _ds_chunk(STAGE, KV, o_row, m_n, 1, C, L, dtype, FP8_NATIVE)
-    b_k2, b_c2 = _ds_chunk(STAGE, KV, o_row, m_n, 2, C, L, dtype, FP8_NATIVE)
-    b_k3, b_c3 = _ds_chunk(STAGE, KV, o_row, m_n, 3, C, L, dtype, FP8_NATIVE)
+    b_k0, b_c0 = _ds_chunk(STAGE, KV, o_row, m_n, 0, C, L, dtype, FP8_NATIVE, E4M3_DECODE)
+    b_k1, b_c1 = _ds_chunk(STAGE, KV, o_row, m_n, 1, C, L, dtype, FP8_NATIVE, E4M3_DECODE)
+    b_k2, b_c2 = _ds_chunk(STAGE, KV, o_row, m_n, 2, C, L, dtype, FP8_NATIVE, E4M3_DECODE)
+    b_k3, b_c3 = _ds_chunk(STAGE, KV, o_row, m_n, 3, C, L, dtype, FP8_NATIVE, E4M3_DECODE)
     b_s = tl.dot(b_q0, tl.trans(b_k0), input_precision=DOT_PRECISION) * b_c0[None, :]
     b_s += tl.dot(b_q1, tl.trans(b_k1), input_precision=DOT_PRECISION) * b_c1[None, :]
     b_s += tl.dot(b_q2, tl.trans(b_k2), input_precision=DOT_PRECISION) * b_c2[None, :]
@@ -196,6 +201,7 @@ def sparse_mla_ds_mla_fwd_kernel(
     FP8_NATIVE: tl.constexpr,
     MMA_FP16: tl.constexpr,
     STAGE: tl.constexpr,  # convert each chunk once, staged through shared memory
+    E4M3_DECODE: tl.constexpr,  # without hardware fp8: ops/common.py's E4M3_* decode forms
     HAS_COUNTS: tl.constexpr,
     HAS_BT: tl.constexpr,
     BT_SHIFT: tl.constexpr,
@@ -262,10 +268,10 @@ def sparse_mla_ds_mla_fwd_kernel(
             BT_SHIFT,
             PAGE_SHIFT,
         )
-        b_k0, b_c0 = _ds_chunk(STAGE, KV, o_row, m_n, 0, C, L, dtype, FP8_NATIVE)
-        b_k1, b_c1 = _ds_chunk(STAGE, KV, o_row, m_n, 1, C, L, dtype, FP8_NATIVE)
-        b_k2, b_c2 = _ds_chunk(STAGE, KV, o_row, m_n, 2, C, L, dtype, FP8_NATIVE)
-        b_k3, b_c3 = _ds_chunk(STAGE, KV, o_row, m_n, 3, C, L, dtype, FP8_NATIVE)
+        b_k0, b_c0 = _ds_chunk(STAGE, KV, o_row, m_n, 0, C, L, dtype, FP8_NATIVE, E4M3_DECODE)
+        b_k1, b_c1 = _ds_chunk(STAGE, KV, o_row, m_n, 1, C, L, dtype, FP8_NATIVE, E4M3_DECODE)
+        b_k2, b_c2 = _ds_chunk(STAGE, KV, o_row, m_n, 2, C, L, dtype, FP8_NATIVE, E4M3_DECODE)
+        b_k3, b_c3 = _ds_chunk(STAGE, KV, o_row, m_n, 3, C, L, dtype, FP8_NATIVE, E4M3_DECODE)
         # [BLOCK_H, BLOCK_N] logits
         b_s = tl.dot(b_q0, tl.trans(b_k0), input_precision=DOT_PRECISION) * b_c0[None, :]
         b_s += tl.dot(b_q1, tl.trans(b_k1), input_precision=DOT_PRECISION) * b_c1[None, :]
@@ -346,6 +352,7 @@ def sparse_mla_ds_mla_fwd_kernel(
                 R,
                 dtype,
                 FP8_NATIVE,
+                E4M3_DECODE,
                 DOT_PRECISION,
             )
 

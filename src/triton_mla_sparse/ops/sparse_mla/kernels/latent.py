@@ -36,12 +36,13 @@ def _load_latent(
     L: tl.constexpr,
     E4M3: tl.constexpr,
     FP8_NATIVE: tl.constexpr,
+    E4M3_DECODE: tl.constexpr,
 ):
     # the latent part of BLOCK_N gathered rows -> [BLOCK_N, L] in `dtype` (K and V at once)
     o_l = tl.arange(0, L)
     b_kn = tl.load(KV + o_row[:, None] + o_l[None, :] * stride_kd, mask=m_n[:, None], other=0)
     if E4M3:
-        b_kn = _e4m3_to(b_kn, dtype, FP8_NATIVE)
+        b_kn = _e4m3_to(b_kn, dtype, FP8_NATIVE, E4M3_DECODE)
     else:
         b_kn = b_kn.to(dtype)
     return b_kn
@@ -58,6 +59,7 @@ def _load_rope(
     R: tl.constexpr,
     E4M3: tl.constexpr,
     FP8_NATIVE: tl.constexpr,
+    E4M3_DECODE: tl.constexpr,
 ):
     # the rope part of BLOCK_N gathered rows -> [BLOCK_N, R] in `dtype`. Written apart from
     # _load_latent, with L added after the broadcast: one helper over `col0 + arange` moved an
@@ -65,7 +67,7 @@ def _load_rope(
     o_r = tl.arange(0, R)
     b_kr = tl.load(KV + o_row[:, None] + (L + o_r[None, :]) * stride_kd, mask=m_n[:, None], other=0)
     if E4M3:
-        b_kr = _e4m3_to(b_kr, dtype, FP8_NATIVE)
+        b_kr = _e4m3_to(b_kr, dtype, FP8_NATIVE, E4M3_DECODE)
     else:
         b_kr = b_kr.to(dtype)
     return b_kr
@@ -140,6 +142,7 @@ def sparse_mla_latent_fwd_kernel(
     BLOCK_N: tl.constexpr,
     E4M3: tl.constexpr,  # e4m3 bytes with a per-tensor scale (kv_format "fp8")
     FP8_NATIVE: tl.constexpr,
+    E4M3_DECODE: tl.constexpr,  # without hardware fp8: ops/common.py's E4M3_* decode forms
     MMA_FP16: tl.constexpr,
     HAS_COUNTS: tl.constexpr,
     HAS_BT: tl.constexpr,
@@ -222,10 +225,12 @@ def sparse_mla_latent_fwd_kernel(
             BT_SHIFT,
             PAGE_SHIFT,
         )
-        b_kn = _load_latent(KV, o_row, m_n, stride_kd, dtype, L, E4M3, FP8_NATIVE)
+        b_kn = _load_latent(KV, o_row, m_n, stride_kd, dtype, L, E4M3, FP8_NATIVE, E4M3_DECODE)
         b_s = tl.dot(b_qn, tl.trans(b_kn), input_precision=DOT_PRECISION)  # [BLOCK_H, BLOCK_N]
         if R > 0:
-            b_kr = _load_rope(KV, o_row, m_n, stride_kd, b_qr.dtype, L, R, E4M3, FP8_NATIVE)
+            b_kr = _load_rope(
+                KV, o_row, m_n, stride_kd, b_qr.dtype, L, R, E4M3, FP8_NATIVE, E4M3_DECODE
+            )
             b_s += tl.dot(b_qr, tl.trans(b_kr), input_precision=DOT_PRECISION)
         b_p, b_alpha, b_l, b_m = _softmax_step(b_s, m_n, qk_scale, b_m, b_l)
         b_acc = b_acc * b_alpha[:, None]
@@ -264,11 +269,22 @@ def sparse_mla_latent_fwd_kernel(
                 EXTRA_BT_SHIFT,
                 EXTRA_PAGE_SHIFT,
             )
-            b_kn = _load_latent(ExtraKV, o_row, m_n, stride_xkd, dtype, L, E4M3, FP8_NATIVE)
+            b_kn = _load_latent(
+                ExtraKV, o_row, m_n, stride_xkd, dtype, L, E4M3, FP8_NATIVE, E4M3_DECODE
+            )
             b_s = tl.dot(b_qn, tl.trans(b_kn), input_precision=DOT_PRECISION)
             if R > 0:
                 b_kr = _load_rope(
-                    ExtraKV, o_row, m_n, stride_xkd, b_qr.dtype, L, R, E4M3, FP8_NATIVE
+                    ExtraKV,
+                    o_row,
+                    m_n,
+                    stride_xkd,
+                    b_qr.dtype,
+                    L,
+                    R,
+                    E4M3,
+                    FP8_NATIVE,
+                    E4M3_DECODE,
                 )
                 b_s += tl.dot(b_qr, tl.trans(b_kr), input_precision=DOT_PRECISION)
             b_p, b_alpha, b_l, b_m = _softmax_step(b_s, m_n, qk_scale, b_m, b_l)
