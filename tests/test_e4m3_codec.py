@@ -1,4 +1,4 @@
-"""The fp8-free e4m3 codec of ops/common.py against torch's float -> float8_e4m3fn conversion,
+"""The fp8-free e4m3 codec of ops/e4m3.py against torch's float -> float8_e4m3fn conversion,
 exhaustively where it matters: every finite e4m3 value, every midpoint between neighbours (ties
 round to even), one fp32 ulp either side of each midpoint, the subnormal range, signed zeros.
 
@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 from conftest import DEVICE, HAS_GPU
 
-from triton_mla_sparse.ops.common import _e4m3_byte, _e4m3_to, _round_e4m3
+from triton_mla_sparse.ops.e4m3 import _e4m3_byte, _e4m3_to, _round_e4m3
 
 
 @triton.jit

@@ -1,4 +1,4 @@
-"""The packed e4m3 decode's PTX (ops/common.py, KernelConfig.e4m3_decode="packed"), run on CPU.
+"""The packed e4m3 decode's PTX (ops/e4m3.py, KernelConfig.e4m3_decode="packed"), run on CPU.
 
 The inline PTX cannot run under Triton's interpreter, so its arithmetic is executed here by a
 small evaluator of the four instructions it uses (prmt, and, shr, or on 32-bit registers) and
@@ -14,7 +14,7 @@ import re
 import pytest
 import torch
 
-from triton_mla_sparse.ops import common
+from triton_mla_sparse.ops import e4m3
 
 MASK32 = 0xFFFFFFFF
 # the integer decode leaves the value times 2^(7 - 15): e4m3's exponent bias is 7, fp16's 15
@@ -63,7 +63,7 @@ def run_ptx(text: str, inputs: dict[str, int]) -> dict[str, int]:
 
 
 def scalar_decode_bits(b: int) -> int:
-    """The scalar integer decode of ops/common._e4m3_to, as fp16 bits."""
+    """The scalar integer decode of ops/e4m3._e4m3_to, as fp16 bits."""
     return ((b & 0x7F) << 7) | ((b & 0x80) << 8)
 
 
@@ -71,7 +71,7 @@ def packed_decode(four: list[int]) -> list[int]:
     """fp16 bit patterns of four bytes through the PTX: byte i = element i of the register;
     outputs $0 (elements 0, 1) and $1 (elements 2, 3), element 2k in the low half."""
     word = sum(b << (8 * i) for i, b in enumerate(four))
-    regs = run_ptx(common.E4M3X4_TO_F16X4_PTX.value, {"$2": word})
+    regs = run_ptx(e4m3.E4M3X4_TO_F16X4_PTX.value, {"$2": word})
     lo, hi = regs["$0"], regs["$1"]
     return [lo & 0xFFFF, lo >> 16, hi & 0xFFFF, hi >> 16]
 
@@ -79,12 +79,12 @@ def packed_decode(four: list[int]) -> list[int]:
 def test_the_evaluator_knows_every_instruction_of_the_ptx():
     ops = {
         line.split()[0]
-        for line in common.E4M3X4_TO_F16X4_PTX.value.splitlines()
+        for line in e4m3.E4M3X4_TO_F16X4_PTX.value.splitlines()
         if line.strip() and line.strip() not in "{}" and not line.startswith(".reg")
     }
     assert ops == {"prmt.b32", "and.b32", "shr.b32", "or.b32"}
     # two outputs and one input, as the call in _e4m3_to declares ("=r,=r,r")
-    assert set(re.findall(r"\$\d", common.E4M3X4_TO_F16X4_PTX.value)) == {"$0", "$1", "$2"}
+    assert set(re.findall(r"\$\d", e4m3.E4M3X4_TO_F16X4_PTX.value)) == {"$0", "$1", "$2"}
 
 
 @pytest.mark.parametrize("lane", range(4))

@@ -247,14 +247,14 @@ def test_sparse_mla_plan_is_what_sparse_mla_launches(monkeypatch):
 
 
 def test_e4m3_decode_constexprs_are_the_kernels_constants():
-    from triton_mla_sparse.ops import common
+    from triton_mla_sparse.ops import e4m3
     from triton_mla_sparse.ops.sparse_mla.heuristics import E4M3_DECODES
     from triton_mla_sparse.ops.sparse_mla.plan import E4M3_DECODE_CONSTEXPR
 
     assert {
-        "scalar": common.E4M3_SCALAR.value,
-        "packed": common.E4M3_PACKED.value,
-        "packed-nomask": common.E4M3_PACKED_NO_MASK.value,
+        "scalar": e4m3.E4M3_SCALAR.value,
+        "packed": e4m3.E4M3_PACKED.value,
+        "packed-nomask": e4m3.E4M3_PACKED_NO_MASK.value,
     } == E4M3_DECODE_CONSTEXPR
     assert set(E4M3_DECODE_CONSTEXPR) == set(E4M3_DECODES)
 

@@ -12,7 +12,7 @@ weight) with integer/float arithmetic only, so it compiles where Triton has no f
 import triton
 import triton.language as tl
 
-from ..common import _round_e4m3
+from ..e4m3 import _round_e4m3
 
 E4M3_MAX = tl.constexpr(448.0)
 

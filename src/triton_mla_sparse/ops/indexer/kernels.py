@@ -8,7 +8,7 @@ and computes the transposed product ``S^T = K [BLOCK_N, 128] @ Q^T [128, ROWS * 
 tokens along M, heads along N), so the ReLU-weighted head sum is a reduction along N of the
 accumulator. Padding heads (H < BLOCK_H) and rows past the end carry weight 0 and q 0.
 
-FP8_NATIVE: e4m3 via ``tl.float8e4nv`` (sm89+); otherwise the integer decode of ops/common.py,
+FP8_NATIVE: e4m3 via ``tl.float8e4nv`` (sm89+); otherwise the integer decode of ops/e4m3.py,
 whose 2^-8 factor (per decoded operand) is folded into the weights. FP8_MMA: q and K stay e4m3
 and the dot is e4m3 x e4m3 (q must be e4m3 and the decode native).
 """
@@ -16,7 +16,7 @@ and the dot is e4m3 x e4m3 (q must be e4m3 and the decode native).
 import triton
 import triton.language as tl
 
-from ..common import _e4m3_to
+from ..e4m3 import _e4m3_to
 
 
 @triton.jit

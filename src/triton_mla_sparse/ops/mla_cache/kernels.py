@@ -15,7 +15,7 @@ bf16 (656 bytes).
 import triton
 import triton.language as tl
 
-from ..common import _e4m3_byte, _round_e4m3
+from ..e4m3 import _e4m3_byte, _round_e4m3
 
 E4M3_MAX = tl.constexpr(448.0)
 

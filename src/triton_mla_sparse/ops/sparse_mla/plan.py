@@ -39,7 +39,7 @@ MERGE_TILE_ELEMENTS = 4096
 MERGE_MIN_BLOCK_L = 64
 MERGE_NUM_WARPS = 4
 
-# KernelConfig.e4m3_decode -> the kernels' E4M3_DECODE constexpr: ops/common.py's E4M3_SCALAR,
+# KernelConfig.e4m3_decode -> the kernels' E4M3_DECODE constexpr: ops/e4m3.py's E4M3_SCALAR,
 # E4M3_PACKED, E4M3_PACKED_NO_MASK (written out: this module imports no Triton;
 # tests/test_plan.py checks they agree)
 E4M3_DECODE_CONSTEXPR = {"scalar": 0, "packed": 1, "packed-nomask": 2}

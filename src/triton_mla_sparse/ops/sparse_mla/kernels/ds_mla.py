@@ -9,7 +9,7 @@ the e4m3 -> MMA-type conversion stays a plain elementwise cast on the operand.
 import triton
 import triton.language as tl
 
-from ...common import E4M3_PACKED_NO_MASK, _e4m3_to
+from ...e4m3 import E4M3_PACKED_NO_MASK, _e4m3_to
 from .shared import (
     _extra_bounds,
     _head_offsets,
@@ -201,7 +201,7 @@ def sparse_mla_ds_mla_fwd_kernel(
     FP8_NATIVE: tl.constexpr,
     MMA_FP16: tl.constexpr,
     STAGE: tl.constexpr,  # convert each chunk once, staged through shared memory
-    E4M3_DECODE: tl.constexpr,  # without hardware fp8: ops/common.py's E4M3_* decode forms
+    E4M3_DECODE: tl.constexpr,  # without hardware fp8: ops/e4m3.py's E4M3_* decode forms
     HAS_COUNTS: tl.constexpr,
     HAS_BT: tl.constexpr,
     BT_SHIFT: tl.constexpr,

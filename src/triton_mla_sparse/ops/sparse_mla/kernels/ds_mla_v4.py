@@ -14,7 +14,7 @@ NoPE accumulators are kept in units of the step's largest scale.
 import triton
 import triton.language as tl
 
-from ...common import _e4m3_to
+from ...e4m3 import _e4m3_to
 from .shared import (
     _extra_bounds,
     _head_offsets,

@@ -9,7 +9,7 @@ all of those heads. The gathered [BLOCK_N, L] latent tile is both K (with the ro
 import triton
 import triton.language as tl
 
-from ...common import _e4m3_to
+from ...e4m3 import _e4m3_to
 from .shared import (
     _extra_bounds,
     _head_offsets,
@@ -142,7 +142,7 @@ def sparse_mla_latent_fwd_kernel(
     BLOCK_N: tl.constexpr,
     E4M3: tl.constexpr,  # e4m3 bytes with a per-tensor scale (kv_format "fp8")
     FP8_NATIVE: tl.constexpr,
-    E4M3_DECODE: tl.constexpr,  # without hardware fp8: ops/common.py's E4M3_* decode forms
+    E4M3_DECODE: tl.constexpr,  # without hardware fp8: ops/e4m3.py's E4M3_* decode forms
     MMA_FP16: tl.constexpr,
     HAS_COUNTS: tl.constexpr,
     HAS_BT: tl.constexpr,

@@ -9,7 +9,16 @@ arguments to whichever family the plan names).
 import triton
 import triton.language as tl
 
-from ...common import _div_pow2
+
+@triton.jit
+def _div_pow2(x, d, SHIFT: tl.constexpr):
+    # (x // d, x % d) for non-negative int32 x; a shift when d == 2^SHIFT (SHIFT >= 0), since a
+    # general integer division costs tens of instructions per index in the hot loop.
+    if SHIFT >= 0:
+        return x >> SHIFT, x & ((1 << SHIFT) - 1)
+    else:
+        q = x // d
+        return q, x - q * d
 
 
 @triton.jit

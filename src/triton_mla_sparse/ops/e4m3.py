@@ -1,5 +1,6 @@
-"""@triton.jit helpers shared by the ops (sparse_mla, indexer, index_q, mla_cache): e4m3 decode and
-encode without fp8 types, cheap division.
+"""e4m3 in @triton.jit code, shared by the ops (sparse_mla, indexer, index_q, mla_cache): the decode
+(hardware conversion where it exists, integer or packed inline-PTX decode where it does not) and
+the fp8-free encode (round to the e4m3 grid, then the byte).
 
 Only jit functions here: importing this module compiles nothing and touches no GPU.
 """
@@ -64,17 +65,6 @@ def _e4m3_to(b_u8, dtype: tl.constexpr, FP8_NATIVE: tl.constexpr, DECODE: tl.con
         b16 = b_u8.to(tl.uint16)
         bits = ((b16 & 0x7F) << 7) | ((b16 & 0x80) << 8)
         return bits.to(tl.float16, bitcast=True).to(dtype)
-
-
-@triton.jit
-def _div_pow2(x, d, SHIFT: tl.constexpr):
-    # (x // d, x % d) for non-negative int32 x; a shift when d == 2^SHIFT (SHIFT >= 0), since a
-    # general integer division costs tens of instructions per index in the hot loop.
-    if SHIFT >= 0:
-        return x >> SHIFT, x & ((1 << SHIFT) - 1)
-    else:
-        q = x // d
-        return q, x - q * d
 
 
 # e4m3fn: smallest normal 2^-6, subnormal step 2^-9; 3 mantissa bits.
