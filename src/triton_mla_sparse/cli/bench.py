@@ -44,10 +44,22 @@ def csv_of(kind, choices=None, minimum=None):
     return parse
 
 
+class DefaultList(list):
+    """An option's default list: tells a value left at its default from one typed (a model
+    preset replaces the former only), and prints as it would be typed in --help."""
+
+    def __str__(self) -> str:
+        return ",".join(str(x) for x in self)
+
+
+MODELS = ("deepseek-v4",)
+V4_HEADS = 64  # DeepSeek-V4's query heads per GPU in vLLM's FlashMLA decode (padded to 64)
+
+
 def add_args(p: argparse.ArgumentParser) -> None:
     """bench's arguments; each is validated by its ``type`` (exit 2 on a bad value, no GPU
     needed). New options go here; checks across options go in ``check_args``."""
-    # the formats workloads.make_inputs builds caches in (the V4 record has no bench case yet)
+    # the DSA grid's formats (the V4 record is --model deepseek-v4's)
     bench_formats = tuple(f for f in KV_FORMATS if f != "fp8_ds_mla_v4")
     fmts = ",".join(bench_formats)
     p.add_argument(
@@ -58,7 +70,12 @@ def add_args(p: argparse.ArgumentParser) -> None:
     )
     ints = csv_of(int, minimum=1)
     p.add_argument("--decode", default="1,4,16,64,128", type=ints, help="decode token counts")
-    p.add_argument("--heads", default="8,16,64,128", type=ints, help="decode head counts")
+    p.add_argument(
+        "--heads",
+        default=DefaultList([8, 16, 64, 128]),
+        type=ints,
+        help=f"decode head counts (with --model deepseek-v4: {V4_HEADS} unless given)",
+    )
     p.add_argument(
         "--prefill-heads", default="16,64,128", type=ints, help="prefill head counts (T=4096)"
     )
@@ -68,6 +85,16 @@ def add_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="give every case a per-head attention sink (HY V4 / DeepSeek-V4 style); "
         "with --compare flashmla FlashMLA gets the same sink",
+    )
+    p.add_argument(
+        "--model",
+        choices=MODELS,
+        help="a model's own decode shape in place of the DSA grid. deepseek-v4: both caches in "
+        "its 584-byte record (64-token pages), a 128-row sliding window and a compressed top-k "
+        "of 512 in one softmax with its attention sink, q and output 512 wide, "
+        f"{V4_HEADS} heads unless --heads is given, --decode tokens; with --compare flashmla "
+        "FlashMLA reads the same cache tensors as vLLM 0.33 calls it for DeepSeek-V4 decode. "
+        "--formats, --sink and the prefill options do not apply",
     )
     p.add_argument("--reference", action="store_true", help="also time the PyTorch reference")
     p.add_argument("--json", metavar="PATH", help="write results and environment as JSON")
@@ -93,9 +120,21 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 def check_args(args: argparse.Namespace) -> str | None:
     """What is wrong with a combination of arguments (checked before any GPU work), or None."""
+    if args.model and args.indexer:
+        return f"--model {args.model} benches attention; --indexer the indexer: pick one"
+    if args.model and args.plot:
+        return f"--plot draws the DSA grid's formats; --model {args.model} has none of them"
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         return "--plot needs matplotlib: pip install 'triton-mla-sparse[plot]'"
     return None
+
+
+def model_cases(args: argparse.Namespace) -> list:
+    """The cases of ``--model``: its decode shape at each --decode token count and head count."""
+    from ..workloads import deepseek_v4_case
+
+    heads = [V4_HEADS] if isinstance(args.heads, DefaultList) else args.heads
+    return [deepseek_v4_case(t, h) for h in heads for t in args.decode]
 
 
 def main(args: argparse.Namespace) -> int:
@@ -141,6 +180,8 @@ def main(args: argparse.Namespace) -> int:
             for h in args.prefill_heads:
                 name = f"prefill T=4096 H={h}" + (" sink" if args.sink else "")
                 cases.append(Case(name, 4096, h, rows=65536, kv_format=fmt, sink=args.sink))
+    if args.model:
+        cases = model_cases(args)  # the model's own shape in place of the DSA grid
     results, failed, peers = [], 0, {}
     for case in cases:
         prepared = prepare(case, device) if fmla is not None else None
