@@ -41,6 +41,7 @@ try:  # Triton >= 3.5: the runtime's own specialisation
 except ImportError:  # pragma: no cover - older Triton (3.6, as on the H200)
     _native = None
 
+from triton_mla_sparse.kv_format import DS_MLA_ROW_BYTES, DS_V4_TOKEN_BYTES  # noqa: E402
 from triton_mla_sparse.ops.sparse_mla import kernels, launch  # noqa: E402
 from triton_mla_sparse.ops.sparse_mla.heuristics import Arch, KernelConfig  # noqa: E402
 from triton_mla_sparse.ops.sparse_mla.plan import make_plan  # noqa: E402
@@ -131,9 +132,9 @@ EXTRA_BLOCK = 32
 def _cache(fmt: str, dtype: torch.dtype, width: int, page: int, pages: int = 32) -> torch.Tensor:
     """A zero cache of ``pages`` pages of ``page`` rows in the format's row layout."""
     if fmt == "fp8_ds_mla":
-        return torch.zeros(pages, page, 656, dtype=torch.uint8)
+        return torch.zeros(pages, page, DS_MLA_ROW_BYTES, dtype=torch.uint8)
     if fmt == "fp8_ds_mla_v4":
-        return torch.zeros(pages, page, 584, dtype=torch.uint8)
+        return torch.zeros(pages, page, DS_V4_TOKEN_BYTES, dtype=torch.uint8)
     if fmt == "fp8":
         return torch.zeros(pages, page, width, dtype=torch.uint8)
     return torch.zeros(pages, page, width, dtype=dtype)

@@ -40,10 +40,10 @@ from test_sparse_mla import (
 )
 
 from triton_mla_sparse import KernelConfig, pack_fp8_ds_mla, sparse_mla
-from triton_mla_sparse.bench import capture_graph
 from triton_mla_sparse.kv_format import dequantize_cache, quantize_fp8
 from triton_mla_sparse.ops.sparse_mla.heuristics import arch_of, choose_config, split_len_for
 from triton_mla_sparse.reference import sparse_mla_reference
+from triton_mla_sparse.testing import capture_graph
 
 gpu = pytest.mark.gpu
 needs_gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA device")

@@ -253,7 +253,7 @@ sys.path.insert(0, {bench!r})
 import triton, triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.driver import CudaDriver
-from triton_mla_sparse.ops.sparse_mla import heuristics
+from triton_mla_sparse.ops import target
 import ptx_jit
 
 @triton.jit
@@ -268,10 +268,10 @@ def build(cc):
     )
     return triton.compile(src, target=GPUTarget("cuda", cc, 32))
 
-real_target, real_arch = CudaDriver.get_current_target, heuristics._cuda_arch
+real_target, real_arch = CudaDriver.get_current_target, target._cuda_arch
 with ptx_jit.emulate(86, cache_dir={cache!r}) as emu:
     assert CudaDriver.get_current_target(None) == GPUTarget("cuda", 86, 32)
-    assert heuristics._cuda_arch(0).cc == 86 and not heuristics._cuda_arch(0).fp8_native
+    assert target._cuda_arch(0).cc == 86 and not target._cuda_arch(0).fp8_native
     assert os.environ["TRITON_CACHE_DIR"] == {cache!r}
     c = build(86)
     binary = c.asm["cubin"]
@@ -279,7 +279,7 @@ with ptx_jit.emulate(86, cache_dir={cache!r}) as emu:
     d = ptx_jit.describe(c)
     assert d.is_ptx and d.target == "sm_86" and d.mma == "mma.sync", d
     assert [r.target for r in emu.compiled] == ["sm_86"]
-assert CudaDriver.get_current_target is real_target and heuristics._cuda_arch is real_arch
+assert CudaDriver.get_current_target is real_target and target._cuda_arch is real_arch
 assert os.environ.get("TRITON_CACHE_DIR") != {cache!r}
 c = build(86)  # a normal build again: ptxas, an ELF cubin
 assert c.asm["cubin"][:4] == b"\\x7fELF" and not ptx_jit.describe(c).is_ptx

@@ -643,3 +643,23 @@ def test_interpreter_refused_by_name_where_it_cannot_run(monkeypatch):
     for ok in ({"triton": "3.7.0", "numpy": "2.5.2"}, {"triton": "3.6.0", "numpy": "2.4.6"}):
         versions.update(ok)
         assert host.interpreter_problem() is None
+
+
+def test_plan_refuses_what_the_call_refuses_by_signature():
+    """sparse_mla_plan binds its arguments against sparse_mla's own signature."""
+    import inspect
+
+    from triton_mla_sparse import sparse_mla, sparse_mla_plan
+
+    q = torch.randn(2, 4, 576)
+    kv = torch.randn(16, 576)
+    idx = torch.zeros(2, 8, dtype=torch.int32)
+    assert list(inspect.signature(sparse_mla_plan).parameters) == list(
+        inspect.signature(sparse_mla).parameters
+    )
+    with pytest.raises(TypeError, match=r"sparse_mla_plan\(\) got an unexpected keyword argument"):
+        sparse_mla_plan(q, kv, idx, no_such_argument=1)
+    with pytest.raises(TypeError, match=r"sparse_mla_plan\(\) too many positional arguments"):
+        sparse_mla_plan(q, kv, idx, None, 512)  # kv_lora_rank is keyword-only
+    with pytest.raises(TypeError, match="sparse_mla_plan"):
+        sparse_mla_plan(q, kv)  # indices missing

@@ -37,11 +37,12 @@ tell a wrong kernel from one that rounds differently, so the case process wraps 
 the engine's start-up; calls during CUDA-graph capture are skipped and replayed graphs never reach
 Python), recomputes the call with ``sparse_mla_reference`` in float64 on the GPU on the same
 inputs (at most 64 sampled tokens with a valid index; only the cache rows they select). Each
-call's errors go to ``info.layer_check``; a relative Frobenius error over the tests' tolerance for
-the output dtype (bf16: 1e-2), a non-finite output or an LSE error over ``LAYER_LSE_ATOL`` fails
-the case (column "kernel vs fp64"). ``--layer-check-reference`` checks vLLM's own backend the same
-way (FLASHMLA_SPARSE's ``forward_mqa``, on the physical rows vLLM converts its top-k into), so that
-when the two disagree end to end the column says which one is off the float64 reference.
+call's errors go to ``info.layer_check``; a relative Frobenius error or an LSE error over the
+package's tolerance for the output dtype (``triton_mla_sparse.testing``; bf16: 1e-2 each) or a
+non-finite output fails the case (column "kernel vs fp64"). ``--layer-check-reference`` checks
+vLLM's own backend the same way (FLASHMLA_SPARSE's ``forward_mqa``, on the physical rows vLLM
+converts its top-k into), so that when the two disagree end to end the column says which one is
+off the float64 reference.
 
 The dummy weights are vLLM's dummy loader's, redrawn per tensor as U(-a, a) with
 a = gain * sqrt(3 / fan_in) from a seed and the tensor's name (:func:`rescale_dummy_weights`).
@@ -128,7 +129,7 @@ OUTLIER_FRACTION = 0.02
 ENV_GAIN = "VLLM_E2E_WEIGHT_GAIN"
 ENV_SEED = "VLLM_E2E_WEIGHT_SEED"
 ENV_WEIGHTS_FILE = "VLLM_E2E_WEIGHTS_FILE"
-INDEXER_ENV = "TRITON_MLA_SPARSE_INDEXER"  # triton_mla_sparse.vllm_plugin.indexer.ENV
+INDEXER_ENV = "TRITON_MLA_SPARSE_INDEXER"  # triton_mla_sparse.vllm_plugin.indexer_install.ENV
 HOOK_MARK = "_vllm_e2e_weight_hook"
 PLUGIN_GROUP = "vllm.general_plugins"
 PLUGIN_EP_NAME = "triton_mla_sparse"
@@ -311,6 +312,10 @@ class Case:
     indexer: str  # TRITON_MLA_SPARSE_INDEXER in the case's process
     workload: str = "mixed"  # mixed | prefix | reuse
     force_mqa: bool = False  # attention_config.sparse_mla_force_mqa: every prefill via MQA
+    # plugin cases: "q" runs the kernel's MMAs in q's dtype where the heuristics choose fp16
+    # operands for an e4m3 cache (bf16 rounding of P and of the values): the same kernel with
+    # one rounding changed, to see how far a legitimate rounding difference moves the workload
+    mma_operands: str = "auto"
     compare: tuple[Cmp, ...] = ()
     quick: bool = False
     note: str = ""
@@ -368,6 +373,16 @@ CASES: tuple[Case, ...] = (
         False,
         "auto",
         compare=(Cmp(("plugin-fp8",), "graphs"),),
+    ),
+    Case(
+        "plugin-fp8-qops",
+        PLUGIN,
+        "fp8_ds_mla",
+        True,
+        "auto",
+        mma_operands="q",
+        compare=(Cmp(("plugin-fp8",), "info"), Cmp(("flashmla-fp8",), "info")),
+        note="the plugin against itself with bf16 MMA operands: a rounding change for scale",
     ),
     # The SM80/86 path forced on this GPU (TRITON_MLA_SPARSE_INDEXER=triton): Triton indexer
     # logits, bf16 index q (plugin's fused_q), vLLM's fused_norm_rope without fp8 stores and the
@@ -502,7 +517,7 @@ def skip_reason(case: Case, capability: tuple[int, int] | None) -> str | None:
     if case.backend == FLASHMLA and capability[0] not in (9, 10):
         return "FLASHMLA_SPARSE needs SM90/SM100"  # flashmla_sparse.py:203-204
     if case.indexer == "triton" and capability[0] == 10:
-        return f"{INDEXER_ENV}=triton is ignored on SM100 (vllm_plugin/indexer.py)"
+        return f"{INDEXER_ENV}=triton is ignored on SM100 (vllm_plugin/indexer_install.py)"
     if capability < (8, 0):
         return "the plugin needs SM80 or newer"
     return None
@@ -766,9 +781,10 @@ def _run_case(spec: dict[str, Any], result: dict[str, Any]) -> None:
     import triton_mla_sparse.vllm_plugin as plugin
 
     # vLLM would call this through the entry point; a package only on PYTHONPATH may have none.
-    registered = plugin.register()
+    reg = plugin.registration()
+    registered = reg.registered
     info["plugin_registered"] = registered
-    info["plugin_reason"] = str(getattr(plugin, "_state", {}).get("reason", ""))
+    info["plugin_reason"] = reg.reason
     if spec["backend"] == PLUGIN and not registered:
         raise RuntimeError(f"the plugin registered nothing: {info['plugin_reason']}")
     info["weight_hook"] = install_weight_hook()
@@ -808,6 +824,17 @@ def _run_case(spec: dict[str, Any], result: dict[str, Any]) -> None:
         else:
             lc.update(enabled=False, note="the engine runs in another process (--multiproc)")
 
+    if spec.get("mma_operands", "auto") != "auto":
+        if spec["mma_operands"] != "q" or spec["backend"] != PLUGIN:
+            raise ValueError(f"mma_operands={spec['mma_operands']!r} on {spec['backend']}")
+        if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
+            raise RuntimeError("mma_operands needs the engine in this process (no --multiproc)")
+        from triton_mla_sparse.ops.sparse_mla import plan as sparse_mla_plan_module
+
+        # the plan asks this function once per call; False keeps q's dtype for the MMAs
+        sparse_mla_plan_module.fp16_mma_for = lambda *args, **kwargs: False
+        info["mma_operands"] = "q's dtype (fp16 operands off)"
+
     kwargs = llm_kwargs(spec)
     info["llm_kwargs"] = {k: v for k, v in kwargs.items() if k != "model"}
     t0 = time.perf_counter()
@@ -820,7 +847,7 @@ def _run_case(spec: dict[str, Any], result: dict[str, Any]) -> None:
     import vllm_e2e  # this file, by module name: picklable for --multiproc workers
 
     info["attention"] = llm.apply_model(vllm_e2e._attention_summary)[0]
-    from triton_mla_sparse.vllm_plugin.indexer import indexer_plan, installed_targets
+    from triton_mla_sparse.vllm_plugin.indexer_install import indexer_plan, installed_targets
 
     plan = indexer_plan((props.major, props.minor))
     info["indexer_plan"] = sorted(plan.targets) if plan.install else []
@@ -913,11 +940,9 @@ def child_main(spec_path: str, out_path: str) -> NoReturn:
 
 LAYER_CHECK_CALLS = 8  # kernel calls checked per case (--layer-check-calls)
 LAYER_CHECK_TOKENS = 64  # tokens of a call the reference recomputes (sampled evenly)
-# tests/test_sparse_mla.py's RTOL (relative Frobenius error of the output) and LSE_ATOL, keyed by
-# the output dtype (the model dtype: bf16 here). fp8 caches use the same bound: the reference
-# reads the same bytes, dequantized in float32.
-LAYER_RTOL = {"torch.bfloat16": 1e-2, "torch.float16": 2e-3, "torch.float32": 1e-5}
-LAYER_LSE_ATOL = {"torch.bfloat16": 1e-2, "torch.float16": 1e-3, "torch.float32": 1e-5}
+# Pass/fail: the package's tolerance table (triton_mla_sparse.testing.sparse_mla_tolerance), keyed
+# by the output dtype (the model dtype: bf16 here), the tests' too. fp8 caches use the same bound:
+# the reference reads the same bytes.
 
 
 def layer_check_compare(
@@ -942,10 +967,12 @@ def layer_check_compare(
     flat rows with ``valid_counts``. The reference runs in ``compute_dtype`` (float64 default) on
     at most ``max_tokens`` tokens that have a valid index (evenly spaced; the kernel computes each
     token independently), on only the cache rows they select (the whole cache as floats would
-    not fit). Returns a JSON-able record; ``ok`` against :data:`LAYER_RTOL` / ``LAYER_LSE_ATOL``."""
+    not fit). Returns a JSON-able record; ``ok`` against the package's tolerance table
+    (``testing.SPARSE_MLA_TOLERANCE``) for the output dtype."""
     import torch
 
     from triton_mla_sparse.reference import physical_rows, sparse_mla_reference
+    from triton_mla_sparse.testing import SPARSE_MLA_TOLERANCE, lse_error
 
     cd = torch.float64 if compute_dtype is None else compute_dtype
     if isinstance(q, tuple):
@@ -1006,11 +1033,10 @@ def layer_check_compare(
         rec["ref_max_abs"] = float(ref.abs().max().item())
         rec["lse_err"] = None
         if lse is not None:
-            ls, rl = lse[cand].to(cd), ref_lse.to(cd)
-            fin = torch.isfinite(rl)
-            rec["lse_err"] = float((ls[fin] - rl[fin]).abs().max().item()) if fin.any() else 0.0
-    rtol = LAYER_RTOL.get(dtype, 1e-2)
-    latol = LAYER_LSE_ATOL.get(dtype, 1e-2)
+            rec["lse_err"] = lse_error(lse[cand], ref_lse, out.dtype)
+    # a float64 output (a reference standing in for the kernel) is held to fp32's bound
+    tol = SPARSE_MLA_TOLERANCE.get(out.dtype, SPARSE_MLA_TOLERANCE[torch.float32])
+    rtol, latol = tol.out_rtol, tol.lse_atol
     reasons = []
     if rec["nonfinite"]:
         reasons.append(f"{rec['nonfinite']} non-finite outputs")
@@ -1576,6 +1602,7 @@ def _case_spec(
         "indexer": case.indexer,
         "workload": case.workload,
         "force_mqa": case.force_mqa,
+        **({"mma_operands": case.mma_operands} if case.mma_operands != "auto" else {}),
         # tolerances only judge results: changing them must not invalidate --resume
         "settings": {
             k: v
@@ -1834,6 +1861,7 @@ def list_cases(
         refs = "; ".join(f"{c.kind} vs {' | '.join(c.refs)}" for c in case.compare) or "reference"
         extra = [case.workload] if case.workload != "mixed" else []
         extra += ["force-mqa"] if case.force_mqa else []
+        extra += [f"mma-{case.mma_operands}"] if case.mma_operands != "auto" else []
         lines.append(
             f"  {case_id(fam, heads, case.name):42s} {case.backend:17s} "
             f"{case.kv_cache_dtype:10s} graphs {'on ' if case.graphs else 'off'} "

@@ -11,8 +11,9 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from triton_mla_sparse import sparse_mla
-from triton_mla_sparse.bench import prepare, time_graph
+from triton_mla_sparse.bench import prepare
 from triton_mla_sparse.ops.sparse_mla.heuristics import arch_of, choose_config
+from triton_mla_sparse.testing import time_graph
 from triton_mla_sparse.workloads import Case
 
 CASES = [

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
-from triton_mla_sparse.bench import measure_ceilings, time_graph
 from triton_mla_sparse.ops.index_q import index_q_rope
 from triton_mla_sparse.reference import rope_reference
+from triton_mla_sparse.testing import measure_ceilings, time_graph
 
 
 def inputs(T: int, H: int, Hi: int, dtype: torch.dtype, dev: torch.device, seed: int = 0):

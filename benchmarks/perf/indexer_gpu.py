@@ -16,7 +16,6 @@ import argparse
 import contextlib
 import dataclasses
 import io
-import os
 import subprocess
 import sys
 import time
@@ -25,7 +24,9 @@ from pathlib import Path
 import torch
 
 from triton_mla_sparse import bench_indexer as bi
+from triton_mla_sparse.cli.main import main as cli_main
 from triton_mla_sparse.indexer import mqa_logits, paged_mqa_logits
+from triton_mla_sparse.ops.host import interpreter_on, use_interpreter
 from triton_mla_sparse.ops.indexer.heuristics import (
     arch_of,
     choose_mqa_config,
@@ -35,6 +36,8 @@ from triton_mla_sparse.reference import (
     mqa_logits_reference,
     paged_mqa_logits_reference,
 )
+from triton_mla_sparse.testing import indexer_logits_tolerance, logits_row_error
+from triton_mla_sparse.workloads import indexer_paged_inputs, indexer_prefill_inputs
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout whose tests/test_indexer.py runs
 
@@ -71,7 +74,7 @@ def checks(device: torch.device, small: bool = False) -> list[str]:
             batch, ctx = min(batch, 3), 300
             if qd == torch.bfloat16:
                 continue
-        q, cache, w, cl, bt, mml = bi.make_paged(batch, next_n, heads, ctx, device)
+        q, cache, w, cl, bt, mml = indexer_paged_inputs(batch, next_n, heads, ctx, device)
         # vary the lengths (not multiples of 64, one short row) and the q dtype
         cl = (cl - torch.arange(batch, device=device, dtype=torch.int32) * 37).clamp_min(1)
         q = q.to(torch.float32).mul(2.0**-4).to(qd) if qd != torch.float8_e4m3fn else q
@@ -85,9 +88,9 @@ def checks(device: torch.device, small: bool = False) -> list[str]:
         rows = bi.sample_rows(batch * next_n)
         ref = paged_mqa_logits_reference(q, cache, w, cl, bt, mml, rows=rows)
         got = out[rows.to(device)]
-        err = bi.row_error(got, ref)
+        err = logits_row_error(got, ref)
         untouched = bool((got[~torch.isfinite(ref)] == -7777.0).all())
-        ok = err <= bi.TOLERANCE and untouched
+        ok = err <= indexer_logits_tolerance(device) and untouched
         lines.append(
             f"{'pass' if ok else 'FAIL'} paged B={batch} next_n={next_n} H={heads} ctx={ctx} "
             f"q={str(qd).replace('torch.', '')} {'native' if native else 'integer'} "
@@ -100,7 +103,7 @@ def checks(device: torch.device, small: bool = False) -> list[str]:
         if small and qd == torch.bfloat16:
             continue
         M, N = (64, 300) if small else (4096, 32768)
-        args = list(bi.make_prefill(M, N, heads, device))
+        args = list(indexer_prefill_inputs(M, N, heads, device))
         if qd != torch.float8_e4m3fn:
             args[0] = args[0].to(torch.float32).mul(2.0**-4).to(qd)
         cfg = choose_mqa_config(M, N, heads, args[0].dtype, arch)
@@ -111,9 +114,9 @@ def checks(device: torch.device, small: bool = False) -> list[str]:
         rows = bi.sample_rows(M)
         ref = mqa_logits_reference(*args, rows=rows)
         got = out[rows.to(device)]
-        err = bi.row_error(got, ref)
+        err = logits_row_error(got, ref)
         untouched = bool((got[~torch.isfinite(ref)] == -7777.0).all())
-        ok = err <= bi.TOLERANCE and untouched
+        ok = err <= indexer_logits_tolerance(device) and untouched
         lines.append(
             f"{'pass' if ok else 'FAIL'} prefill M={M} ctx={N} H={heads} "
             f"q={str(qd).replace('torch.', '')} {'native' if native else 'integer'} {bi.label(cfg)} "
@@ -133,9 +136,9 @@ def main() -> int:
     ap.add_argument("--small", action="store_true", help="CPU dry run under Triton's interpreter")
     a = ap.parse_args()
     if a.small:  # must precede the first `import triton` (its jit picks the interpreter then)
-        if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+        if "triton" in sys.modules and not interpreter_on():
             raise SystemExit("run --small with TRITON_INTERPRET=1 set")
-        os.environ["TRITON_INTERPRET"] = "1"
+        use_interpreter()
     out = a.out
     out.mkdir(parents=True, exist_ok=True)
     import triton
@@ -161,7 +164,8 @@ def main() -> int:
         flush=True,
     )
     buf = io.StringIO()
-    args = argparse.Namespace(full=a.full, json=str(out / "indexer_bench.json"), no_prefill=False)
+    argv = ["bench", "--indexer", "--json", str(out / "indexer_bench.json")]
+    argv += ["--full"] if a.full else []
 
     class Tee(io.TextIOBase):
         def write(self, s):
@@ -172,7 +176,7 @@ def main() -> int:
     rc = 0
     if not a.small:
         with contextlib.redirect_stdout(Tee()):
-            rc = bi.run(args)
+            rc = cli_main(argv)
     (out / "bench.txt").write_text(buf.getvalue() + f"[{time.time() - t0:.0f} s total]\n")
     return 0 if ok and rc == 0 else 1
 

@@ -27,6 +27,7 @@ from triton_mla_sparse.ops.indexer.heuristics import (
     choose_mqa_config,
     choose_paged_config,
 )
+from triton_mla_sparse.testing import measure_ceilings
 
 DECODE_SHAPES = [
     (1, 1, 64, 32768),
@@ -69,7 +70,7 @@ def main() -> int:
     a.quick = not a.wide
     device = torch.device("cuda")
     arch = arch_of(device)
-    ceil = bi.measure_ceilings(device)
+    ceil = measure_ceilings(device)
     print(
         f"copy {ceil.copy_gbps:.0f} GB/s, bf16 matmul {ceil.matmul_tflops:.0f} TFLOP/s", flush=True
     )

@@ -15,8 +15,9 @@ import sys
 import torch
 
 from triton_mla_sparse import KernelConfig, sparse_mla
-from triton_mla_sparse.bench import check_rows, config_label, prepare, rel_err
+from triton_mla_sparse.bench import check_rows, config_label, prepare
 from triton_mla_sparse.ops.sparse_mla.heuristics import arch_of, choose_config
+from triton_mla_sparse.testing import rel_err
 from triton_mla_sparse.workloads import Case
 
 CASES = [

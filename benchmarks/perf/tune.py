@@ -18,8 +18,9 @@ from pathlib import Path
 
 import torch
 
-from triton_mla_sparse.bench import measure_ceilings, prepare, run_case
+from triton_mla_sparse.bench import prepare, run_case
 from triton_mla_sparse.ops.sparse_mla.heuristics import KernelConfig, arch_of, choose_config
+from triton_mla_sparse.testing import measure_ceilings
 from triton_mla_sparse.workloads import Case
 
 

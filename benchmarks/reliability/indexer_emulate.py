@@ -42,9 +42,9 @@ def child(cc: int, out_dir: Path | None) -> int:
     triton.runtime.driver.active.get_current_target = lambda: GPUTarget("cuda", cc, 32)
     CUDABackend.make_cubin = ptx_as_cubin
 
-    from triton_mla_sparse.ops.sparse_mla import heuristics as sh
+    from triton_mla_sparse.ops import target
 
-    sh._cuda_arch = lambda index: sh.Arch(
+    target._cuda_arch = lambda index: target.Arch(
         "cuda", cc, torch.cuda.get_device_properties(0).multi_processor_count
     )
 
@@ -56,6 +56,8 @@ def child(cc: int, out_dir: Path | None) -> int:
         choose_paged_config,
     )
     from triton_mla_sparse.reference import mqa_logits_reference, paged_mqa_logits_reference
+    from triton_mla_sparse.testing import indexer_logits_tolerance, logits_row_error
+    from triton_mla_sparse.workloads import indexer_paged_inputs, indexer_prefill_inputs
 
     device = torch.device("cuda")
     arch = arch_of(device)
@@ -65,7 +67,7 @@ def child(cc: int, out_dir: Path | None) -> int:
     q_dtypes = (torch.float8_e4m3fn, torch.bfloat16, torch.float16)
     for qd in q_dtypes:
         for batch, next_n, heads, ctx in ((32, 1, 32, 8192), (32, 2, 64, 8192), (4, 2, 32, 3000)):
-            q, cache, w, cl, bt, mml = bi.make_paged(batch, next_n, heads, ctx, device)
+            q, cache, w, cl, bt, mml = indexer_paged_inputs(batch, next_n, heads, ctx, device)
             cl = (cl - torch.arange(batch, device=device, dtype=torch.int32) * 61).clamp_min(1)
             if qd != torch.float8_e4m3fn:
                 q = q.to(torch.float32).mul(2.0**-4).to(qd)
@@ -75,8 +77,10 @@ def child(cc: int, out_dir: Path | None) -> int:
             rows = bi.sample_rows(batch * next_n)
             ref = paged_mqa_logits_reference(q, cache, w, cl, bt, mml, rows=rows)
             got = out[rows.to(device)]
-            err = bi.row_error(got, ref)
-            ok = err <= bi.TOLERANCE and bool((got[~torch.isfinite(ref)] == poison).all())
+            err = logits_row_error(got, ref)
+            ok = err <= indexer_logits_tolerance(device) and bool(
+                (got[~torch.isfinite(ref)] == poison).all()
+            )
             ok_all &= ok
             lines.append(
                 f"{'pass' if ok else 'FAIL'} sm{cc} paged B={batch} next_n={next_n} H={heads} "
@@ -84,7 +88,7 @@ def child(cc: int, out_dir: Path | None) -> int:
             )
             print(lines[-1], flush=True)
         for heads in (32, 64):
-            args = list(bi.make_prefill(512, 8192, heads, device))
+            args = list(indexer_prefill_inputs(512, 8192, heads, device))
             if qd != torch.float8_e4m3fn:
                 args[0] = args[0].to(torch.float32).mul(2.0**-4).to(qd)
             cfg = choose_mqa_config(512, 8192, heads, args[0].dtype, arch)
@@ -93,8 +97,10 @@ def child(cc: int, out_dir: Path | None) -> int:
             rows = bi.sample_rows(512)
             ref = mqa_logits_reference(*args, rows=rows)
             got = out[rows.to(device)]
-            err = bi.row_error(got, ref)
-            ok = err <= bi.TOLERANCE and bool((got[~torch.isfinite(ref)] == poison).all())
+            err = logits_row_error(got, ref)
+            ok = err <= indexer_logits_tolerance(device) and bool(
+                (got[~torch.isfinite(ref)] == poison).all()
+            )
             ok_all &= ok
             lines.append(
                 f"{'pass' if ok else 'FAIL'} sm{cc} prefill M=512 ctx=8192 H={heads} "

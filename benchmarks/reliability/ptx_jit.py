@@ -10,7 +10,7 @@ While emulation is enabled:
   ptxas; the launcher's ``cuModuleLoadData`` accepts PTX and the driver JIT-compiles it;
 - Triton's cache directory is a separate one (PTX stored as a "cubin" must never be found by a
   normal run, nor a real sm_8x cubin by this one);
-- optionally, triton_mla_sparse's architecture lookup (``heuristics._cuda_arch``) reports the
+- optionally, triton_mla_sparse's architecture lookup (``ops.target._cuda_arch``) reports the
   emulated target, so the heuristics choose that target's tiles and fp8 decode path.
 
 It proves the instruction streams and tiles of those targets on real hardware; timings under
@@ -147,13 +147,14 @@ def _gpu_present() -> bool:
 
 
 def _project_arch(cc: int):
-    """triton_mla_sparse's Arch for ``cc`` (its TARGETS table: SM counts, shared memory)."""
-    from triton_mla_sparse.ops.sparse_mla import heuristics
+    """triton_mla_sparse's target module and its Arch for ``cc`` (its TARGETS table: SM counts,
+    shared memory)."""
+    from triton_mla_sparse.ops import target
 
-    for arch in heuristics.TARGETS:
+    for arch in target.TARGETS:
         if arch.backend == "cuda" and arch.cc == cc:
-            return heuristics, arch
-    return heuristics, heuristics.Arch("cuda", cc)
+            return target, arch
+    return target, target.Arch("cuda", cc)
 
 
 def enable(
@@ -221,8 +222,8 @@ def enable(
             if got != target:
                 raise RuntimeError(f"Triton's active driver reports {got}, not {target}")
         if patch_project_arch:
-            heuristics, arch = _project_arch(cc)
-            _patch(undo, heuristics, "_cuda_arch", lambda index: arch)
+            target_mod, arch = _project_arch(cc)
+            _patch(undo, target_mod, "_cuda_arch", lambda index: arch)
         for kernel in reset:
             caches = getattr(kernel, "device_caches", None)  # none under TRITON_INTERPRET
             if caches is not None:

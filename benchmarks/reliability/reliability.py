@@ -27,9 +27,10 @@ every run checks that the launch it made is the variant it was selected for.
 
 Every case: rows no valid index reaches are NaN (0xFF bytes for fp8) in the kernel's cache, and
 for paged caches so is the memory between blocks; the reference runs on a clean copy. Outputs
-are NaN-poisoned before the call. Checks: every output finite; relative Frobenius error within
-the tests' tolerances (fp32 1e-5, fp16 2e-3, bf16 1e-2); LSE -inf exactly where the reference has
-no valid index, else within 1e-5/1e-3/1e-2; empty tokens exactly zero.
+are NaN-poisoned before the call. Checks: the package's one comparison
+(``triton_mla_sparse.testing.compare_sparse_mla``, the tests' too): every output finite; relative
+Frobenius error within the tolerance of q's dtype (testing/tolerances.py); LSE -inf exactly where
+the reference has no valid index, else within its bound; empty tokens exactly zero.
 
 Exit status: 0 all passed, 1 any failure, 2 bad arguments. A JSON log goes to ``--log PATH`` or,
 with ``--out DIR``, to ``DIR/reliability-<suite>.json`` (neither: no log); the summary table is
@@ -216,7 +217,7 @@ def _imports() -> None:
     """Import torch and the package into module globals (after _setup_env)."""
     global torch, sparse_mla, sparse_mla_reference, physical_rows, heuristics, launch_mod
     global choose_config, split_len_for, config_label, pack_fp8_ds_mla, quantize_fp8, KernelConfig
-    global kv_format_mod
+    global kv_format_mod, compare_sparse_mla, reference_dtype, sparse_mla_tolerance
     import torch
 
     from triton_mla_sparse import kv_format as kv_format_mod
@@ -231,6 +232,11 @@ def _imports() -> None:
     )
     from triton_mla_sparse.ops.sparse_mla.interface import sparse_mla
     from triton_mla_sparse.reference import physical_rows, sparse_mla_reference
+    from triton_mla_sparse.testing import (
+        compare_sparse_mla,
+        reference_dtype,
+        sparse_mla_tolerance,
+    )
 
     global _CHOOSE_BT
     # newer heuristics take the block table into account (no step-ahead indices through one)
@@ -238,15 +244,6 @@ def _imports() -> None:
 
 
 _CHOOSE_BT = False
-
-
-def _tolerances(dtype) -> tuple[float, float]:
-    # tests/test_sparse_mla.py: relative Frobenius error of the output, absolute error of the LSE
-    return {
-        torch.float32: (1e-5, 1e-5),
-        torch.float16: (2e-3, 1e-3),
-        torch.bfloat16: (1e-2, 1e-2),
-    }[dtype]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -508,7 +505,10 @@ def _zeros(shape: tuple, dtype, device) -> Any:
 
 def _row_bytes(k: Kind) -> int:
     """The last dimension of the kind's cache."""
-    fixed = {"fp8_ds_mla": 656, "fp8_ds_mla_v4": kv_format_mod.DS_V4_TOKEN_BYTES}
+    fixed = {
+        "fp8_ds_mla": kv_format_mod.DS_MLA_ROW_BYTES,
+        "fp8_ds_mla_v4": kv_format_mod.DS_V4_TOKEN_BYTES,
+    }
     return fixed.get(k.kv_format, k.width)
 
 
@@ -937,8 +937,9 @@ def checked_rows(case: Case) -> Any:
 def reference(
     case: Case, q, cache, ind: dict, fkw: dict, rows, device, extra: tuple | None = None
 ) -> tuple[Any, Any]:
-    """sparse_mla_reference on the clean cache (float64 for fp32 q, float32 otherwise);
-    ``extra``: (clean extra cache, its index dict) for a case with an extra set."""
+    """sparse_mla_reference on the clean cache (testing.reference_dtype: float64 for fp32 q,
+    float32 otherwise); ``extra``: (clean extra cache, its index dict) for a case with an extra
+    set."""
     kw = {k: v for k, v in ind.items() if k in ("block_table", "block_size")}
     idx, counts, req = ind["indices"], ind.get("valid_counts"), ind.get("req_ids")
     xidx = xcounts = None
@@ -966,7 +967,7 @@ def reference(
     mv = lambda x: x.to(device) if hasattr(x, "to") else x  # noqa: E731
     kw = {k: mv(v) for k, v in kw.items()}
     fkw = {k: mv(v) for k, v in fkw.items()}
-    cdt = torch.float64 if case.kind.dtype == torch.float32 else torch.float32
+    cdt = reference_dtype(case.kind.dtype)
     out, lse = sparse_mla_reference(
         mv(q),
         mv(cache),
@@ -982,42 +983,12 @@ def reference(
 
 
 def check(case: Case, out, lse, ref_out, ref_lse, rows) -> tuple[list[str], float, float]:
-    """Failures (empty if none), relative error / tolerance, LSE error / tolerance."""
-    rtol, atol = _tolerances(case.kind.dtype)
-    fails = []
-    bad = int((~torch.isfinite(out)).sum())
-    if bad:
-        fails.append(f"{bad} non-finite outputs (of {out.numel()})")
-    o = out if rows is None else out[rows]
-    o64, r64 = o.double(), ref_out.double()
-    rnorm = float(r64.norm())
-    err = float((o64 - r64).norm()) / rnorm if rnorm > 0 else float(o64.abs().max())
-    if not err <= rtol:
-        fails.append(f"relative error {err:.3g} > {rtol:g}")
-    empty = torch.isneginf(ref_lse)
-    if empty.any() and not (o[empty] == 0).all():
-        fails.append(f"{int(empty.sum())} empty (token, head) rows not exactly zero")
-    lerr = 0.0
-    if lse is not None:
-        if torch.isnan(lse).any():
-            fails.append(f"{int(torch.isnan(lse).sum())} NaN LSE values")
-        lo = lse if rows is None else lse[rows]
-        if not torch.equal(torch.isneginf(lo), empty):
-            fails.append("LSE -inf pattern differs from the reference's empty rows")
-        elif (~empty).any():
-            dl = (lo[~empty].double() - ref_lse[~empty].double()).abs()
-            if case.kind.dtype == torch.float32:
-                # fp32 rounds the log-domain max and sum in proportion to their size: the tests'
-                # 1e-5 holds at their |LSE| <= 8 and scales with |LSE| above (these caches hold
-                # rows of three times the usual magnitude; H200: up to 1.5e-5 absolute)
-                dl = dl / ref_lse[~empty].double().abs().div(8.0).clamp_min(1.0)
-            lerr = float(dl.max())
-            if not lerr <= atol:
-                fails.append(f"LSE error {lerr:.3g} > {atol:g} (fp32: per |LSE|/8 above 8)")
-        neg = torch.isneginf(lse)
-        if neg.any() and not (out[neg] == 0).all():
-            fails.append("rows with LSE -inf are not exactly zero")
-    return fails, err / rtol, lerr / atol
+    """Failures (empty if none), relative error / tolerance, LSE error / tolerance: the shared
+    comparison (testing.compare_sparse_mla) of ``out`` (every token) and ``lse`` with the
+    reference of the tokens ``rows`` (all when None), at the tolerance of the case's q dtype."""
+    tol = sparse_mla_tolerance(case.kind.dtype)
+    res = compare_sparse_mla(out, ref_out, lse=lse, ref_lse=ref_lse, rows=rows, tolerance=tol)
+    return res.failures, res.err_ratio, res.lse_ratio or 0.0
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1504,9 +1475,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"PTX JIT emulation of sm_{args.arch}: Triton cache {emu.cache_dir}", flush=True)
     arch = heuristics.arch_of(device)
     if emu is not None and device.type != "cuda":  # --list without a GPU: the emulated target
+        from triton_mla_sparse.ops import target
         from triton_mla_sparse.ops.sparse_mla import interface
 
-        arch = heuristics._cuda_arch(0)
+        arch = target._cuda_arch(0)
         interface.arch_of = lambda _device: arch
     kinds = make_kinds(args, arch)
     t0 = time.perf_counter()

@@ -4,13 +4,13 @@ floor = max(bytes / copy bandwidth, FLOPs / bf16 matmul rate), with
 bytes = T*W*row_bytes + q + out (every listed index one row read) and FLOPs = 2*H*T*W*(576+512),
 as docs/PERFORMANCE.md defines them; with an extra index set W counts both sets' entries
 (DeepSeek-V4: 128 + 512 records of 584 bytes, q . k and P . V 512 wide each).
-Decode is timed from CUDA-graph replays (as a server runs it), prefill with device events.
+Decode is timed from CUDA-graph replays (as a server runs it), prefill with device events
+(testing.timing); a case passes as testing.compare_sparse_mla says, before it is timed.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import statistics
 
 import torch
 
@@ -18,80 +18,14 @@ from .kv_format import bytes_per_row
 from .ops.sparse_mla.heuristics import KernelConfig, arch_of, choose_config
 from .ops.sparse_mla.plan import DS_MLA, DS_MLA_V4, LaunchPlan
 from .reference import sparse_mla_reference
+from .testing import (
+    Ceilings,
+    compare_sparse_mla,
+    reference_dtype,
+    time_events,
+    time_graph,
+)
 from .workloads import Case, Inputs, make_inputs
-
-
-@dataclasses.dataclass
-class Ceilings:
-    copy_gbps: float  # read + write, GB/s
-    matmul_tflops: float  # bf16, random data
-
-
-def measure_ceilings(device: torch.device) -> Ceilings:
-    n = 1 << 29  # 1 GiB of bytes
-    a = torch.empty(n, dtype=torch.uint8, device=device)
-    b = torch.empty_like(a)
-    a.random_(0, 255)
-    t_copy = time_events(lambda: b.copy_(a), reps=20)
-    m = 8192
-    x = torch.randn(m, m, device=device, dtype=torch.bfloat16)
-    y = torch.randn(m, m, device=device, dtype=torch.bfloat16)
-    t_mm = time_events(lambda: x @ y, reps=10)
-    return Ceilings(2 * n / t_copy / 1e3, 2 * m**3 / t_mm / 1e6)
-
-
-def time_events(fn, reps: int = 20, warmup: int = 3, warmup_ms: float = 200.0) -> float:
-    """Median µs of ``fn`` with device events around each call, after at least ``warmup`` calls
-    and ``warmup_ms`` of calling it (the card idles at a few hundred MHz and needs time to clock
-    up; a handful of millisecond-long calls is not enough)."""
-    start = torch.cuda.Event(enable_timing=True)
-    start.record()
-    done = 0
-    while True:
-        fn()
-        done += 1
-        if done >= warmup:
-            end = torch.cuda.Event(enable_timing=True)
-            end.record()
-            end.synchronize()
-            if start.elapsed_time(end) >= warmup_ms:
-                break
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) * 1e3)
-    return statistics.median(times)
-
-
-def capture_graph(fn, calls: int = 1) -> tuple[torch.cuda.CUDAGraph, object]:
-    """``fn`` warmed on a side stream (as capture requires), then ``calls`` calls captured back to
-    back; returns the graph and what the last captured call returned (its output tensors)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    result = None
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            result = fn()
-    return graph, result
-
-
-def time_graph(fn, reps: int = 30, calls_per_graph: int = 20) -> float:
-    """Median µs per call from CUDA-graph replays (``calls_per_graph`` calls captured back to back)."""
-    fn()  # compile and warm outside capture
-    torch.cuda.synchronize()
-    graph, _ = capture_graph(fn, calls_per_graph)
-    graph.replay()
-    torch.cuda.synchronize()
-    return time_events(graph.replay, reps=reps, warmup=2) / calls_per_graph
 
 
 def listed(inp: Inputs) -> int:
@@ -109,16 +43,6 @@ def case_cost(case: Case, inp: Inputs) -> tuple[float, float]:
     nbytes = t * w * row + t * h * (512 + case.rope) * esize + t * h * 512 * esize
     flops = 2.0 * h * t * w * (512 + case.rope + 512)
     return nbytes, flops
-
-
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    if not torch.isfinite(out).all():
-        return float("inf")
-    den = ref.double().norm().item() or 1.0
-    return (out.double() - ref.double()).norm().item() / den
-
-
-TOLERANCE = {torch.float32: 1e-4, torch.float16: 3e-3, torch.bfloat16: 1.5e-2}
 
 
 @dataclasses.dataclass
@@ -195,7 +119,9 @@ def prepare(case: Case, device: torch.device, seed: int = 0) -> tuple[Inputs, to
         for per_token in ("valid_counts", "extra_indices", "extra_valid_counts"):
             if per_token in kw:
                 kw[per_token] = kw[per_token][rows]
-    ref = sparse_mla_reference(q, inp.kv_cache, idx, inp.scale, **kw)
+    ref = sparse_mla_reference(
+        q, inp.kv_cache, idx, inp.scale, compute_dtype=reference_dtype(case.dtype), **kw
+    )
     return inp, ref
 
 
@@ -225,9 +151,7 @@ def run_case(
     plan = sparse_mla_plan(inp.q, inp.kv_cache, inp.indices, inp.scale, out=out, config=cfg, **kw)
     sparse_mla(inp.q, inp.kv_cache, inp.indices, inp.scale, out=out, config=cfg, **kw)
     ref_fn = lambda: sparse_mla_reference(inp.q, inp.kv_cache, inp.indices, inp.scale, **kw)  # noqa: E731
-    rows = check_rows(case)
-    err = rel_err(out if rows is None else out[rows.to(device)], ref)
-    passed = err <= TOLERANCE[case.dtype]
+    check = compare_sparse_mla(out, ref, rows=check_rows(case))
     res = Result(
         case.name,
         case.kv_format,
@@ -236,10 +160,10 @@ def run_case(
         case.heads,
         listed(inp),
         plan_label(plan),
-        err,
-        passed,
+        check.err,
+        check.passed,
     )
-    if not (time_it and passed and device.type == "cuda"):
+    if not (time_it and res.passed and device.type == "cuda"):
         return res
     fn = lambda: sparse_mla(inp.q, inp.kv_cache, inp.indices, inp.scale, out=out, config=cfg, **kw)  # noqa: E731
     res.us = time_graph(fn) if case.decode else time_events(fn)
@@ -321,9 +245,8 @@ def run_flashmla(
         )
         res.call = call.label
         out = call.run()  # also computes the fp8 decode's scheduler metadata, untimed
-        rows = check_rows(case)
-        res.err = rel_err(out if rows is None else out[rows.to(device)], ref)
-        res.passed = res.err <= TOLERANCE[case.dtype]
+        check = compare_sparse_mla(out, ref, rows=check_rows(case))
+        res.err, res.passed = check.err, check.passed
         if time_it and res.passed and device.type == "cuda":
             res.us = time_graph(call.run) if case.decode else time_events(call.run)
             res.ratio = ours.us / res.us if ours.us else None

@@ -1,21 +1,39 @@
-"""Synthetic DSA workloads shared by ``verify``, ``bench`` and the tuning scripts.
+"""Synthetic DSA workloads shared by ``verify``, ``bench`` (``--indexer`` too) and the tuning
+scripts.
 
-A workload is a cache of latent rows (paged, 64-row blocks), per-token top-k lists of distinct
-random rows, and queries. Shapes follow DeepSeek-V3.2 / GLM-5: 512 latent + 64 rope. A case may
-add a second index set into a second cache in the same softmax (``extra_topk``), and take its
-main set as each token's sliding window (``window``): DeepSeek-V4's decode, with its 584-byte
-record (``kv_format="fp8_ds_mla_v4"``, rope 0: q and value 512 wide), is :func:`deepseek_v4_case`.
+sparse_mla: a cache of latent rows (paged, 64-row blocks), per-token top-k lists of distinct
+random rows, and queries (:class:`Case`, :func:`make_inputs`). Shapes follow DeepSeek-V3.2 /
+GLM-5: 512 latent + 64 rope. A case may add a second index set into a second cache in the same
+softmax (``extra_topk``), and take its main set as each token's sliding window (``window``):
+DeepSeek-V4's decode, with its 584-byte record (``kv_format="fp8_ds_mla_v4"``, rope 0: q and
+value 512 wide), is :func:`deepseek_v4_case`. The DSA indexer: a scrambled paged e4m3 K cache
+with e4m3 q (:func:`indexer_paged_inputs`, decode), one prompt's chunk
+(:func:`indexer_prefill_inputs`), and the attention inputs of one DSA decode layer
+(:func:`dsa_layer_inputs`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 
-from .kv_format import pack_fp8_ds_mla, pack_fp8_ds_mla_v4, quantize_fp8
+from .kv_format import (
+    INDEXER_BLOCK_SIZE,
+    INDEXER_HEAD_DIM,
+    INDEXER_ROW_BYTES,
+    pack_fp8_ds_mla,
+    pack_fp8_ds_mla_v4,
+    quantize_fp8,
+)
 
-PAGE = 64
+# vLLM's KV-cache block size for the DSA models: the MLA cache and the indexer's K cache share
+# it (kv_format.INDEXER_BLOCK_SIZE), so the synthetic caches are paged the same way.
+PAGE = INDEXER_BLOCK_SIZE
+# DeepSeek-V3.2's softmax scale: 1/sqrt of its qk head dim (128 NoPE + 64 RoPE), not of the
+# 576-wide latent q the kernel sees.
+DSV32_SOFTMAX_SCALE = 192**-0.5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,7 +119,7 @@ EXTRA_TAIL_HOLES = 37  # -1 entries closing each extra list after the first with
 def _extra_set(
     case: Case, width: int, device: torch.device, gen: torch.Generator, main_kwargs: dict
 ) -> dict:
-    """The extra set's keyword arguments: a cache of ``extra_rows`` rows (64-row pages, the
+    """The extra set's keyword arguments: a cache of ``extra_rows`` rows (``PAGE``-row pages, the
     case's format, the main cache's k_scale), per token ``extra_topk`` distinct rows. With
     holes, token 0 has none (-1) and the others end in a run of -1. With counts, a window case
     (DeepSeek-V4) passes each list's valid entries as its count, as vLLM does; otherwise counts
@@ -159,7 +177,7 @@ def deepseek_v4_case(
 
 
 def _cache(case: Case, base: torch.Tensor, kwargs: dict) -> torch.Tensor:
-    """``base`` rows [rows, width] as a paged cache of 64-row pages in the case's format (a
+    """``base`` rows [rows, width] as a paged cache of ``PAGE``-row pages in the case's format (a
     per-tensor fp8 cache's k_scale goes into ``kwargs``)."""
     if case.kv_format == "fp8_ds_mla_v4":
         return pack_fp8_ds_mla_v4(base, PAGE)  # vLLM's pages, padded page stride
@@ -249,3 +267,95 @@ def verify_cases(on_gpu: bool) -> list[Case]:
             name="DeepSeek-V4 decode, V4 record + sink (reduced)",
         ),
     ]
+
+
+# --- the DSA indexer --------------------------------------------------------------------------
+
+E4M3_NAN_MASK = 0x7F  # (byte & 0x7F) == 0x7F is an e4m3 NaN
+
+
+def random_e4m3(shape: tuple[int, ...], device: torch.device, gen: torch.Generator) -> torch.Tensor:
+    """Random e4m3 bytes over the whole finite range (NaN codes replaced by 0)."""
+    b = torch.randint(0, 256, shape, dtype=torch.uint8, device=device, generator=gen)
+    return torch.where((b & E4M3_NAN_MASK) == E4M3_NAN_MASK, torch.zeros_like(b), b)
+
+
+@functools.lru_cache(maxsize=1)  # configuration sweeps reuse one shape's inputs (never modified)
+def indexer_paged_inputs(
+    batch: int, next_n: int, heads: int, ctx: int, device: torch.device, seed: int = 0
+) -> tuple:
+    """``paged_mqa_logits``' arguments ``(q, kv_cache, weights, context_lens, block_table,
+    max_model_len)``: a scrambled paged indexer cache holding ``ctx`` tokens per request, e4m3
+    q, weights with q's scale folded in, context_lens ``[B]`` (every request at ``ctx``)."""
+    page, d = INDEXER_BLOCK_SIZE, INDEXER_HEAD_DIM
+    gen = torch.Generator(device=device).manual_seed(seed)
+    pages = -(-ctx // page)
+    nb = batch * pages
+    cache = torch.empty(nb, page * INDEXER_ROW_BYTES, dtype=torch.uint8, device=device)
+    for b0 in range(0, nb, 4096):  # bounded temporaries
+        blk = cache[b0 : b0 + 4096]
+        blk[:, : page * d] = random_e4m3((blk.shape[0], page * d), device, gen)
+        sc = torch.exp2(torch.randint(-12, -6, (blk.shape[0], page), device=device, generator=gen))
+        blk[:, page * d :] = sc.float().view(torch.uint8)
+    perm = torch.randperm(nb, device=device, generator=gen).to(torch.int32)
+    block_table = perm.view(batch, pages)
+    q = random_e4m3((batch, next_n, heads, d), device, gen).view(torch.float8_e4m3fn)
+    weights = torch.randn(batch * next_n, heads, device=device, generator=gen) * 2.0**-10
+    context_lens = torch.full((batch,), ctx, dtype=torch.int32, device=device)
+    return q, cache.view(nb, page, 1, INDEXER_ROW_BYTES), weights, context_lens, block_table, ctx
+
+
+@functools.lru_cache(maxsize=1)
+def indexer_prefill_inputs(
+    rows: int, ctx: int, heads: int, device: torch.device, seed: int = 0
+) -> tuple:
+    """``mqa_logits``' arguments ``(q, k, k_scale, weights, ks, ke, max_seqlen_k)``: one
+    request's chunk, the last ``rows`` tokens of a ``ctx``-token prompt (causal ks/ke)."""
+    d = INDEXER_HEAD_DIM
+    gen = torch.Generator(device=device).manual_seed(seed)
+    k = random_e4m3((ctx, d), device, gen).view(torch.float8_e4m3fn)
+    k_scale = torch.exp2(torch.randint(-12, -6, (ctx,), device=device, generator=gen)).float()
+    q = random_e4m3((rows, heads, d), device, gen).view(torch.float8_e4m3fn)
+    weights = torch.randn(rows, heads, device=device, generator=gen) * 2.0**-10
+    ks = torch.zeros(rows, dtype=torch.int32, device=device)
+    ke = (ctx - rows + 1 + torch.arange(rows, device=device)).to(torch.int32)
+    return q, k, k_scale, weights, ks, ke, ctx
+
+
+# Per-tensor scale of a DSA layer's fp8 cache: randn rows reach |x| ~6, inside 448 * 2^-6 = 7.
+DSA_LAYER_FP8_SCALE = 2.0**-6
+
+
+def dsa_layer_inputs(
+    kv_format: str,
+    num_blocks: int,
+    batch: int,
+    heads: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    seed: int = 2,
+) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """The attention side of one DSA decode layer: ``(q [batch, heads, 576], paged MLA cache
+    [num_blocks, PAGE, C] in ``kv_format``, the format's sparse_mla keyword arguments)``."""
+    width = 512 + 64
+    gen = torch.Generator(device=device).manual_seed(seed)
+    kw: dict = {"kv_format": kv_format}
+    if kv_format == "fp8_ds_mla":
+        kv = torch.empty(num_blocks, PAGE, 656, dtype=torch.uint8, device=device)
+        for b0 in range(0, num_blocks, 2048):  # bounded temporaries
+            n = min(2048, num_blocks - b0)
+            rows = torch.randn(n, PAGE, width, device=device, generator=gen)
+            kv[b0 : b0 + n] = pack_fp8_ds_mla(rows)
+    elif kv_format == "fp8":
+        kv = torch.empty(num_blocks, PAGE, width, dtype=torch.uint8, device=device)
+        for b0 in range(0, num_blocks, 2048):
+            n = min(2048, num_blocks - b0)
+            rows = torch.randn(n, PAGE, width, device=device, generator=gen)
+            kv[b0 : b0 + n] = quantize_fp8(rows, DSA_LAYER_FP8_SCALE)[0].view(torch.uint8)
+        kw["k_scale"] = DSA_LAYER_FP8_SCALE
+    elif kv_format == "auto":
+        kv = torch.randn(num_blocks, PAGE, width, device=device, generator=gen).to(dtype)
+    else:
+        raise ValueError(f"kv_format must be auto, fp8 or fp8_ds_mla, got {kv_format!r}")
+    q = torch.randn(batch, heads, width, device=device, generator=gen).to(dtype)
+    return q, kv, kw

@@ -4,12 +4,11 @@ The expectations are computed here through vLLM's functions by a different route
 doctor's (``CudaPlatform.get_attn_backend_cls`` with a hand-built selector config and the device
 query monkeypatched, instead of ``get_attn_backend`` on a simulated platform), never copied from
 a table: the model's config hook, the selection, and the cache format the chosen backend uses.
+Each capability's first lines are compared with that expectation.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 import types
 from pathlib import Path
@@ -22,23 +21,29 @@ require_vllm()
 pytestmark = pytest.mark.vllm
 
 from triton_mla_sparse.cli import doctor  # noqa: E402
+from triton_mla_sparse.cli.doctor import models, report  # noqa: E402
+from triton_mla_sparse.cli.doctor import simulation as sim_mod  # noqa: E402
 
 CAPS = ((8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0), (12, 1))
-NATIVE_EXT = "vllm._C_stable_libtorch"
-CUTLASS_MLA = "vllm.v1.attention.backends.mla.cutlass_mla"
 OURS = "triton_mla_sparse.vllm_plugin.backend.TritonMLASparseBackend"
+MATRIX = [
+    (m, tp, kv)
+    for m in models.MODELS
+    for tp in models.ALL_TP_SIZES
+    for kv in models.ALL_KV_CACHE_DTYPES
+]
 
 
 @pytest.fixture(scope="module")
 def cuda_mod():
     mp = pytest.MonkeyPatch()
-    if NATIVE_EXT not in sys.modules:
+    if sim_mod.NATIVE_EXT not in sys.modules:
         try:
             import vllm.platforms.cuda  # noqa: F401  (works as is where libcuda exists)
         except (ImportError, OSError):
-            mp.setitem(sys.modules, NATIVE_EXT, types.ModuleType(NATIVE_EXT))
-    if not torch.cuda.is_available() and CUTLASS_MLA not in sys.modules:
-        mp.setitem(sys.modules, CUTLASS_MLA, doctor._cutlass_mla_stand_in())
+            mp.setitem(sys.modules, sim_mod.NATIVE_EXT, types.ModuleType(sim_mod.NATIVE_EXT))
+    if not torch.cuda.is_available() and sim_mod.CUTLASS_MLA not in sys.modules:
+        mp.setitem(sys.modules, sim_mod.CUTLASS_MLA, sim_mod.cutlass_mla_stand_in())
     import vllm.platforms.cuda as mod
 
     import triton_mla_sparse.vllm_plugin as plugin
@@ -52,77 +57,29 @@ def cuda_mod():
         mp.undo()
 
 
+def _simulation(cuda_mod, cap, plugin=None):
+    plugin = plugin or sim_mod.plugin_status()
+    return sim_mod.Simulation(
+        cuda_mod, cap, have_gpu=torch.cuda.is_available(), plugin=plugin, simulated=True
+    )
+
+
 @pytest.fixture(scope="module")
-def reports(cuda_mod):
+def answers(cuda_mod):
+    """cap -> (simulation, [(case, first line)]) for the --all matrix."""
     mp = pytest.MonkeyPatch()
     mp.delenv("TRITON_MLA_SPARSE_AUTOSELECT", raising=False)
+    mp.delenv("TRITON_MLA_SPARSE_INDEXER", raising=False)
+    out = {}
     try:
-        yield {cap: doctor.diagnose(cuda_mod, cap, torch.cuda.is_available(), True) for cap in CAPS}
+        for cap in CAPS:
+            sim = _simulation(cuda_mod, cap)
+            indexer = sim.indexer()
+            cases = [sim.case(m, tp, kv) for m, tp, kv in MATRIX]
+            out[cap] = (sim, [(c, report.first_line(c, cap, sim.plugin, indexer)) for c in cases])
+        yield out
     finally:
         mp.undo()
-
-
-# --- capability parsing --------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "text,cap",
-    [
-        ("8.0", (8, 0)),
-        ("80", (8, 0)),
-        ("sm80", (8, 0)),
-        ("sm_80", (8, 0)),
-        ("SM_80", (8, 0)),
-        (" 8.6 ", (8, 6)),
-        ("89", (8, 9)),
-        ("9.0", (9, 0)),
-        ("sm_90", (9, 0)),
-        ("10.0", (10, 0)),
-        ("100", (10, 0)),
-        ("12.0", (12, 0)),
-        ("12.1", (12, 1)),
-        ("121", (12, 1)),
-        ("sm_121", (12, 1)),
-        ("sm_90a", (9, 0)),
-    ],
-)
-def test_parse_capability(text, cap):
-    assert doctor.parse_capability(text) == cap
-
-
-@pytest.mark.parametrize(
-    "text",
-    ["", "8", "8.", ".0", "sm", "sm_", "x86", "8.0.1", "1234", "8,0", "0.0", "sm_8x", "12.10"],
-)
-def test_parse_capability_refuses(text):
-    with pytest.raises(ValueError, match="is not a compute capability"):
-        doctor.parse_capability(text)
-
-
-@pytest.mark.parametrize("text", ["bogus", "8.", "1234"])
-def test_bad_capability_is_one_line_exit_2(text, capsys):
-    from triton_mla_sparse.cli.main import main
-
-    assert main(["doctor", "--capability", text]) == 2
-    captured = capsys.readouterr()
-    assert captured.out == ""
-    assert captured.err.count("\n") == 1 and "Traceback" not in captured.err
-    assert captured.err.startswith("triton-mla-sparse doctor: error: --capability")
-
-
-def test_bad_capability_from_the_command_line():
-    # The installed console script runs the same main(); python -m is its in-tree equivalent.
-    src = Path(__file__).resolve().parents[2] / "src"
-    proc = subprocess.run(
-        [sys.executable, "-m", "triton_mla_sparse.cli.main", "doctor", "--capability", "sm_8x"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(src)},
-        timeout=120,
-    )
-    assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.strip().count("\n") == 0 and "Traceback" not in proc.stderr
-    assert "--capability 'sm_8x' is not a compute capability" in proc.stderr
 
 
 # --- the expectation, through vLLM's own functions -----------------------------------------
@@ -156,7 +113,7 @@ def _expected(cuda_mod, monkeypatch, cap, model, tp, kv_flag, explicit):
         "get_device_capability",
         classmethod(lambda c, device_id=0: DeviceCapability(*cap)),
     )
-    model_config = doctor._ModelConfigStandIn(model, tp)
+    model_config = sim_mod.ModelConfigStandIn(model, tp)
     # 1. the model's hook (GLM-5's asks the current platform: CUDA, this capability)
     hooked = types.SimpleNamespace(
         model_config=model_config,
@@ -194,106 +151,102 @@ def _expected(cuda_mod, monkeypatch, cap, model, tp, kv_flag, explicit):
 
 
 @pytest.mark.parametrize("cap", CAPS, ids=lambda c: f"{c[0]}.{c[1]}")
-def test_agrees_with_vllm_selection(cuda_mod, reports, monkeypatch, cap):
-    report = reports[cap]
-    assert len(report.cases) == len(doctor.MODELS) * len(doctor.TP_SIZES) * 3
-    seen = set()
-    for case in report.cases:
-        model = next(m for m in doctor.MODELS if m.label == case.model)
-        seen.add((case.model, case.kv_flag))
-        for explicit, choice in ((False, case.auto), (True, case.explicit)):
-            want = _expected(cuda_mod, monkeypatch, cap, model, case.tp, case.kv_flag, explicit)
-            got = (choice.backend, choice.ours, choice.cache_dtype)
-            assert got == want, (case.model, case.tp, case.kv_flag, explicit, choice.error)
-    assert seen == {
-        (m.label, kv) for m in doctor.MODELS for kv in ("auto", "bfloat16", "fp8_ds_mla")
+def test_first_line_agrees_with_vllm_selection(cuda_mod, answers, monkeypatch, cap):
+    """The backend each first line names is the one vLLM's selection returns there, and the
+    flag it gives selects this plugin exactly where vLLM would serve it so."""
+    _, cases = answers[cap]
+    for case, line in cases:
+        where = (case.model.label, case.tp, case.kv_flag, line)
+        auto = _expected(cuda_mod, monkeypatch, cap, case.model, case.tp, case.kv_flag, False)
+        explicit = _expected(cuda_mod, monkeypatch, cap, case.model, case.tp, case.kv_flag, True)
+        assert (case.auto.backend, case.auto.ours, case.auto.cache_dtype) == auto, where
+        assert (case.explicit.backend, case.explicit.ours, case.explicit.cache_dtype) == (
+            explicit
+        ), where
+        named = report.selected_backend(line)
+        assert named == ("CUSTOM" if auto[1] else auto[0]), where
+        assert line.startswith(f"{case.model.label} TP{case.tp}, --kv-cache-dtype {case.kv_flag}, ")
+        flag = "--attention-backend TRITON_MLA_SPARSE"
+        if auto[1]:
+            assert line.endswith("no flag needed") and flag not in line, where
+        elif explicit[1]:
+            assert flag in line, where
+        # the doctor answers for the cache flag given: it never asks for another one
+        assert "pass --kv-cache-dtype" not in line and "; pass --kv-cache" not in line
+
+
+def test_sample_first_lines(answers):
+    """What a user reads at each capability (one model each; the rest follow the same code)."""
+    want = {
+        (8, 0): "vLLM 0.33 selects TRITON_MLA_SPARSE (this plugin, bf16 cache); no flag needed",
+        (8, 9): "vLLM 0.33 selects TRITON_MLA_SPARSE (this plugin, bf16 cache); no flag needed",
+        (9, 0): "vLLM 0.33 selects FLASHMLA_SPARSE (vLLM's, bf16 cache",
+        (12, 0): "vLLM 0.33 selects FLASHINFER_MLA_SPARSE_SM120 (vLLM's, fp8_ds_mla cache); this "
+        "plugin only with --attention-backend TRITON_MLA_SPARSE (bf16 cache)",
+        (12, 1): "pass --attention-backend TRITON_MLA_SPARSE (this plugin, bf16 cache): without it "
+        "vLLM 0.33 selects FLASHINFER_MLA_SPARSE_SM120 (vLLM's, fp8_ds_mla cache), and its kernel "
+        "livelocks on GB10",
     }
+    for cap, text in want.items():
+        line = next(
+            x
+            for c, x in answers[cap][1]
+            if (c.model.label, c.tp, c.kv_flag) == ("GLM-5", 8, "auto")
+        )
+        assert line.startswith(f"GLM-5 TP8, --kv-cache-dtype auto, sm_{cap[0]}{cap[1]}: {text}"), (
+            line
+        )
 
 
-def test_deepseek_bfloat16_goes_through_vllm_rewrites(reports):
-    # The bug this doctor fixes: DeepSeek-V3.2's hook turns bfloat16 into auto before selection,
-    # so wherever a native backend takes auto, an explicit bfloat16 does not get this plugin.
-    for cap, report in reports.items():
-        for case in report.cases:
-            if case.model == "DeepSeek-V3.2" and case.kv_flag == "bfloat16":
+def test_gb10_puts_the_consequence_and_the_flag_first(answers):
+    for case, line in answers[(12, 1)][1]:
+        if case.auto.backend == "FLASHINFER_MLA_SPARSE_SM120":
+            head = f"{case.model.label} TP{case.tp}, --kv-cache-dtype {case.kv_flag}, sm_121: "
+            assert line.startswith(head + "pass --attention-backend TRITON_MLA_SPARSE ("), line
+            assert "livelocks" in line
+    for _, line in answers[(12, 0)][1]:  # the same backend is fine on SM120
+        assert "livelocks" not in line and not line.split(": ", 1)[1].startswith("pass ")
+
+
+def test_deepseek_bfloat16_goes_through_vllm_rewrites(answers):
+    # DeepSeek-V3.2's hook turns bfloat16 into auto before selection, so wherever a native
+    # backend takes auto, an explicit bfloat16 does not get this plugin.
+    for cap, (_, cases) in answers.items():
+        by_key = {(c.model.label, c.tp, c.kv_flag): c for c, _ in cases}
+        for (label, tp, kv), case in by_key.items():
+            if label == "DeepSeek-V3.2" and kv == "bfloat16":
                 assert case.kv_after_hook == "auto"
-                assert "bfloat16 -> auto" in case.hook_note
-                twin = next(
-                    c
-                    for c in report.cases
-                    if (c.model, c.tp, c.kv_flag) == (case.model, case.tp, "auto")
-                )
+                assert "turns --kv-cache-dtype bfloat16 into auto" in case.hook_note
+                twin = by_key[(label, tp, "auto")]
                 assert (case.auto.backend, case.auto.cache_dtype) == (
                     twin.auto.backend,
                     twin.auto.cache_dtype,
                 ), cap
 
 
-# --- the text: summary first, the flag, no contradictions ----------------------------------
-
-
-def _summary(lines):
-    start = next(i for i, line in enumerate(lines) if line.startswith("Summary at"))
-    end = lines.index("", start)
-    return lines[start + 1 : end]
-
-
-@pytest.mark.parametrize("cap", CAPS, ids=lambda c: f"{c[0]}.{c[1]}")
-def test_summary_lines(reports, cap):
-    report = reports[cap]
-    lines = doctor.render(report)
-    summary = _summary(lines)
-    assert len(summary) == len(report.cases)
-    for line, case in zip(summary, report.cases):
-        assert line.startswith(f"  {case.model} TP{case.tp}, kv {case.kv_flag}: ")
-        hooked = f"vLLM's {case.model} hook made the flag {case.kv_after_hook}"
-        assert (hooked in line) == (case.kv_after_hook != case.kv_flag)
-        kv_flag = "" if case.kv_flag == "auto" else f"--kv-cache-dtype {case.kv_flag}"
-        if case.auto.ours:
-            assert ": TRITON_MLA_SPARSE (this plugin), " in line
-            assert (f"pass {kv_flag}" if kv_flag else "no flag needed") in line
-            assert "--attention-backend" not in line
-        elif case.auto.backend is not None:
-            assert f": {case.auto.backend}, " in line
-        else:
-            assert "NO VALID BACKEND" in line
-        if not case.auto.ours and case.explicit.ours:
-            flags = " ".join(x for x in ("--attention-backend TRITON_MLA_SPARSE", kv_flag) if x)
-            assert f"this plugin: pass {flags} (" in line
-        if case.auto.backend is None and not case.explicit.ours:
-            assert "vLLM fails" in line and "this plugin cannot serve it either: " in line
-        else:
-            assert ("serving blocked" in line) == bool(
-                report.blockers or case.kv_flag in report.cache_blocked
-            )
-        assert line.count(doctor.cache_text(case.auto.cache_dtype)) >= (
-            case.auto.backend is not None
+def test_details_follow_the_first_line(answers):
+    sim, cases = answers[(12, 0)]
+    case = next(
+        c for c, _ in cases if (c.model.label, c.tp, c.kv_flag) == ("DeepSeek-V3.2", 8, "bfloat16")
+    )
+    text = "\n".join(
+        report.details(
+            case, (12, 0), sim.plugin, sim.indexer(), sim.plugin_caches(case.model, 8), []
         )
-    text = "\n".join(lines)
-    if report.blockers:
-        assert "nothing else blocks serving here" not in text
-    else:
-        assert "still blocks serving" not in text
-    # The details agree with the summary, case by case, and never call the chosen one
-    # "lower priority".
-    headers = [i for i, x in enumerate(lines) if x.startswith("  ") and " heads per GPU), " in x]
-    assert len(headers) == len(report.cases)
-    for case, i, j in zip(report.cases, headers, headers[1:] + [len(lines)]):
-        block = "\n".join(lines[i:j])
-        assert block.startswith(f"  {case.model} TP{case.tp} ({case.heads} heads per GPU)")
-        name = "TRITON_MLA_SPARSE (this plugin)" if case.auto.ours else case.auto.backend
-        if name is not None:
-            assert f"    automatic: {name}, kv cache {case.auto.cache_dtype}" in block
-            assert f"      {name}: valid, lower priority" not in block
-            assert f"      {name}: rejected" not in block
-        for other in case.auto.uncertain:
-            assert f"      {other}: rejected: " in block
-    for line, case in zip(summary, report.cases):
-        assert ("may come first" in line) == bool(case.auto.uncertain)
+    )
+    assert "turns --kv-cache-dtype bfloat16 into auto for DeepSeek-V3.2" in text
+    assert "automatic selection: FLASHINFER_MLA_SPARSE_SM120, kv cache fp8_ds_mla" in text
+    assert "FLASHINFER_MLA_SPARSE_SM120 serves auto as fp8_ds_mla" in text
+    assert "    FLASHINFER_MLA_SPARSE_SM120: valid, selected" in text
+    assert "    TRITON_MLA_SPARSE (this plugin): valid, lower priority" in text
+    assert "with --attention-backend TRITON_MLA_SPARSE: TRITON_MLA_SPARSE (this plugin)" in text
+    # 61 layers x (656 + 132) B and x (1152 + 132) B: the arithmetic as printed
+    assert "61 layers x (656 + 132 indexer) B = 48068 B" in text
+    assert "61 layers x (1152 + 132 indexer) B = 78324 B" in text
 
 
 def test_probe_rejections_are_flagged():
-    choice = doctor.Choice(
+    choice = sim_mod.Choice(
         "FLASHMLA_SPARSE",
         False,
         "auto",
@@ -304,64 +257,135 @@ def test_probe_rejections_are_flagged():
             ("FLASH_ATTN_MLA_SPARSE_FA4", ["ImportError: no extension"]),
         ],
     )
-    assert doctor._probe_rejected(choice) == ["FLASH_ATTN_MLA_SPARSE"]
+    assert sim_mod.probe_rejected(choice) == ["FLASH_ATTN_MLA_SPARSE"]
 
 
-def test_indexer_part_from_vllm_code(reports):
+def test_indexer_part_is_the_plugins_plan(cuda_mod, monkeypatch):
+    from triton_mla_sparse.vllm_plugin.indexer_install import indexer_plan
+
+    monkeypatch.delenv("TRITON_MLA_SPARSE_INDEXER", raising=False)
+    for cap in CAPS:
+        plan = indexer_plan(cap, {})
+        part = _simulation(cuda_mod, cap).indexer()
+        assert plan.reason in part.lines[0] and part.blockers == plan.blockers
+        assert ("this plugin's Triton path" in part.lines[0]) == plan.install == (cap < (9, 0))
+    # vLLM without the plugin (or with its indexer off): vLLM's own path and what stops it
+    monkeypatch.setenv("TRITON_MLA_SPARSE_INDEXER", "off")
+    part = _simulation(cuda_mod, (8, 0)).indexer()
+    assert part.lines[0].startswith("indexer: vLLM's own (") and part.blockers
+    assert any("DeepGEMM" in b for b in part.blockers)
+
+
+def test_cache_refusals_say_why_without_guessing(cuda_mod, monkeypatch):
+    """Below sm_80 the capability is the reason (no guess about TRITON_MLA_SPARSE_INDEXER);
+    with the indexer path off on sm_80 the reason names the setting that was made."""
+    monkeypatch.delenv("TRITON_MLA_SPARSE_INDEXER", raising=False)
+    glm5 = models.parse_model("glm-5")
+    works, refused = _simulation(cuda_mod, (7, 5)).plugin_caches(glm5, 8)
+    assert works == [] and refused
+    for why in refused.values():
+        assert "TRITON_MLA_SPARSE_INDEXER" not in why
+    assert "compute capability 7.5 not supported" in refused["auto"]
+    works, refused = _simulation(cuda_mod, (8, 0)).plugin_caches(glm5, 8)
+    assert {"auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_ds_mla"} <= set(works)
+    monkeypatch.setenv("TRITON_MLA_SPARSE_INDEXER", "off")
+    works, refused = _simulation(cuda_mod, (8, 0)).plugin_caches(glm5, 8)
+    assert set(refused) >= {"fp8", "fp8_e4m3", "fp8_ds_mla"}
+    assert "TRITON_MLA_SPARSE_INDEXER=off" in refused["fp8_ds_mla"]
+
+
+def test_vllm_own_member_of_that_name(cuda_mod, monkeypatch):
+    """Should vLLM's enum gain TRITON_MLA_SPARSE, the doctor says so and gives the flag that
+    still selects this plugin (CUSTOM)."""
+    from vllm.v1.attention.backends import registry
+
+    import triton_mla_sparse.vllm_plugin as plugin
+
+    enum = registry.AttentionBackendEnum
+    native = object.__new__(enum)
+    native._name_, native._value_ = "TRITON_MLA_SPARSE", "vllm.somewhere.NativeBackend"
+    monkeypatch.setitem(enum._member_map_, "TRITON_MLA_SPARSE", native)
+    monkeypatch.setattr(plugin, "_state", {"done": False, "registered": False, "reason": ""})
+    monkeypatch.setattr(registry, "_ATTN_OVERRIDES", {})
+    status = sim_mod.plugin_status()
+    assert status.active and status.flag == "CUSTOM"
+    assert any(
+        x.startswith("WARNING: vLLM's AttentionBackendEnum has its own") for x in status.lines
+    )
+    sim = _simulation(cuda_mod, (9, 0), status)
+    case = sim.case(models.parse_model("glm-5"), 8, "auto")
+    assert case.explicit.ours
+    line = report.first_line(case, (9, 0), status, sim.indexer())
+    assert line.endswith("this plugin only with --attention-backend CUSTOM (bf16 cache)"), line
+
+
+# --- the whole command ---------------------------------------------------------------------
+
+
+def test_doctor_command(cuda_mod, capsys, monkeypatch):
+    monkeypatch.delenv("TRITON_MLA_SPARSE_AUTOSELECT", raising=False)
+    argv = [
+        "--capability",
+        "sm_89",
+        "--model",
+        "glm-5",
+        "--tp",
+        "8",
+        "--kv-cache-dtype",
+        "bfloat16",
+    ]
+    assert doctor.doctor_main(argv) == 0
+    captured = capsys.readouterr()
+    lines = captured.out.splitlines()
+    assert lines[0] == (
+        "GLM-5 TP8, --kv-cache-dtype bfloat16, sm_89: vLLM 0.33 selects TRITON_MLA_SPARSE "
+        "(this plugin, bf16 cache); no flag needed"
+    )
+    assert "Running vLLM" in captured.err  # progress goes to stderr, before the slow part
+    out = captured.out
+    assert "8 query heads per GPU" in out and "registered: yes" in out
+    assert "automatic selection: on" in out
+    assert "indexer: this plugin's Triton path" in out
+    assert any(x.startswith("kernel on sm_89: ") for x in lines)
+    assert "    TRITON_MLA_SPARSE (this plugin): valid, selected" in out
+
+
+def test_doctor_all(cuda_mod, capsys, monkeypatch):
+    monkeypatch.delenv("TRITON_MLA_SPARSE_AUTOSELECT", raising=False)
+    assert doctor.doctor_main(["--capability", "9.0", "--all"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    first = lines[: lines.index("")]
+    assert len(first) == len(MATRIX)
+    assert all(report.selected_backend(x) == "FLASHMLA_SPARSE" for x in first)
+
+
+def test_doctor_with_autoselect_off(cuda_mod, capsys, monkeypatch):
+    from triton_mla_sparse.vllm_plugin.selection import install_priority_wrapper
+
+    monkeypatch.setenv("TRITON_MLA_SPARSE_AUTOSELECT", "0")
     try:
-        import triton_mla_sparse.vllm_plugin.indexer  # noqa: F401
-
-        pytest.skip("this build has the indexer plan; its own tests cover it")
-    except ImportError:
-        pass
-    for cap, report in reports.items():
-        text = "\n".join(report.indexer + report.blockers)
-        if cap[0] == 8:
-            assert f"DeepGEMM has no sm{cap[0]}{cap[1]} kernels" in text
-            assert "has_deep_gemm() is true (vLLM vendors DeepGEMM)" in text
-            assert ("fused_q and fused_norm_rope" in text) == (cap < (8, 9))
-            fp8_blocked = {"fp8", "fp8_e4m3", "fp8_ds_mla"} <= set(report.cache_blocked)
-            assert fp8_blocked == (cap < (8, 9))
-            assert {"auto", "bfloat16"} <= set(report.caches)
-        else:
-            assert report.blockers == [] and "support_deep_gemm() is true" in text
-
-
-def test_indexer_part_from_the_plan(monkeypatch, cuda_mod):
-    from dataclasses import dataclass
-
-    @dataclass(frozen=True)
-    class IndexerPlan:
-        install: bool
-        targets: tuple[str, ...]
-        reason: str
-        blockers: tuple[str, ...]
-
-    calls = []
-
-    def indexer_plan(capability, env=None):
-        calls.append(capability)
-        if capability[0] == 8:
-            return IndexerPlan(True, ("a.fp8_fp4_mqa_logits",), "no DeepGEMM here", ("fp8 caches",))
-        return IndexerPlan(False, (), "DeepGEMM here", ())
-
-    fake = types.ModuleType("triton_mla_sparse.vllm_plugin.indexer")
-    fake.indexer_plan = indexer_plan
-    monkeypatch.setitem(sys.modules, fake.__name__, fake)
-    lines, blockers, limits = doctor.indexer_lines(
-        doctor.simulated_platform(cuda_mod, (8, 6)), (8, 6)
+        assert doctor.doctor_main(["--capability", "8.9", "--model", "glm-5"]) == 0
+    finally:
+        install_priority_wrapper(cuda_mod)
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == (
+        "GLM-5 TP8, --kv-cache-dtype auto, sm_89: vLLM 0.33 finds no valid sparse MLA backend "
+        "(serving fails); pass --attention-backend TRITON_MLA_SPARSE (bf16 cache)"
     )
-    assert calls == [(8, 6)] and blockers == [] and limits == ["fp8 caches"]
-    assert "this plugin's Triton fallback (no DeepGEMM here)" in lines[0]
-    assert "a.fp8_fp4_mqa_logits" in lines[1]
-    lines, blockers, limits = doctor.indexer_lines(
-        doctor.simulated_platform(cuda_mod, (9, 0)), (9, 0)
-    )
-    assert blockers == [] and "vLLM's own DeepGEMM path (DeepGEMM here)" in lines[0]
+    assert "automatic selection: off (TRITON_MLA_SPARSE_AUTOSELECT)" in out
+
+
+def test_vllm_plugins_excluding_it(cuda_mod, monkeypatch):
+    import vllm.envs as envs
+
+    monkeypatch.setattr(envs, "VLLM_PLUGINS", ["other"], raising=False)
+    monkeypatch.setenv("VLLM_PLUGINS", "other")
+    status = sim_mod.plugin_status()
+    assert not status.active and "excludes triton_mla_sparse" in status.lines[1]
 
 
 def test_cited_vllm_lines():
-    """Every file:line the doctor prints says what the doctor says it does (vLLM 0.33.0)."""
+    """Every vLLM file:line that docs/VLLM.md and the plugin cite says what they say (0.33.0)."""
     import vllm
 
     root = Path(vllm.__file__).parent
@@ -390,50 +414,13 @@ def test_cited_vllm_lines():
     canon = lines("model_executor/layers/attention/mla_attention.py", 359, 376)
     assert "def _canonicalize_sparse_mla_kv_cache_dtype" in canon
     assert "FLASHINFER_MLA_SPARSE_SM120" in canon
+    # the decode/prefill threshold the backend's builder takes (backend.py cites these)
+    assert "{16: 128, 32: 128, 64: 256, 128: 256}" in lines(
+        "v1/attention/backends/mla/flashattn_mla_sparse.py", 142, 142
+    )
+    flashmla = "v1/attention/backends/mla/flashmla_sparse.py"
+    assert "family(100)" in lines(flashmla, 366, 366) and "{8: 128," in lines(flashmla, 367, 369)
+    assert "{16: 128, 32: 128, 64: 256, 128: 256}" in lines(flashmla, 371, 371)
+    assert "{8: 128," in lines("v1/attention/backends/mla/flashinfer_mla_sparse.py", 268, 270)
     so = next((root / "third_party" / "deep_gemm").glob("_C_extension*.so"))
     assert b"Unsupported architecture" in so.read_bytes()
-
-
-# --- the whole command ---------------------------------------------------------------------
-
-
-def test_doctor_command(cuda_mod, capsys, monkeypatch):
-    monkeypatch.delenv("TRITON_MLA_SPARSE_AUTOSELECT", raising=False)
-    assert doctor.doctor_main(["--capability", "sm_89"]) == 0
-    out = capsys.readouterr().out
-    lines = out.splitlines()
-    assert "vLLM: 0.33" in out and "registered: yes" in out
-    assert "Importing vLLM's CUDA platform" in out  # said before the slow part
-    assert "automatic selection: on" in out and "automatic selection off" not in out
-    assert lines.index(next(x for x in lines if x.startswith("Summary at"))) < lines.index(
-        next(x for x in lines if x.startswith("Details"))
-    )
-    summary = _summary(lines)
-    assert len(summary) == 12
-    assert all(": TRITON_MLA_SPARSE (this plugin), " in line for line in summary)
-
-
-def test_doctor_with_autoselect_off(cuda_mod, capsys, monkeypatch):
-    from triton_mla_sparse.vllm_plugin.selection import install_priority_wrapper
-
-    monkeypatch.setenv("TRITON_MLA_SPARSE_AUTOSELECT", "0")
-    try:
-        assert doctor.doctor_main(["--capability", "8.9"]) == 0
-    finally:
-        install_priority_wrapper(cuda_mod)
-    out = capsys.readouterr().out
-    assert "automatic selection: off (TRITON_MLA_SPARSE_AUTOSELECT=0)" in out
-    for line in _summary(out.splitlines()):
-        assert "NO VALID BACKEND" in line
-        assert "this plugin: pass --attention-backend TRITON_MLA_SPARSE" in line
-
-
-def test_doctor_without_vllm(monkeypatch, capsys):
-    from importlib import metadata
-
-    def missing(name):
-        raise metadata.PackageNotFoundError(name)
-
-    monkeypatch.setattr(doctor.metadata, "version", missing)
-    assert doctor.doctor_main([]) == 0
-    assert "vLLM: not installed" in capsys.readouterr().out

@@ -1,4 +1,5 @@
-"""The DeepGEMM-free DSA indexer path (vllm_plugin/indexer.py) against the real vLLM 0.33, on CPU.
+"""The DeepGEMM-free DSA indexer path (vllm_plugin/indexer_install.py, indexer_adapters.py) against
+the real vLLM 0.33, on CPU.
 
 What runs for real: vLLM's modules and their globals, vLLM's stock ``fused_q`` / ``fused_norm_rope``
 Triton kernels (under Triton's interpreter, fp16/fp32: the interpreter computes bf16 wrongly), the
@@ -36,26 +37,27 @@ from triton_mla_sparse.kv_format import (  # noqa: E402
     unpack_indexer_cache,
     write_indexer_cache,
 )
-from triton_mla_sparse.vllm_plugin import indexer as inst  # noqa: E402
-from triton_mla_sparse.vllm_plugin import indexer_glue as glue  # noqa: E402
+from triton_mla_sparse.vllm_plugin import indexer_adapters as adapters  # noqa: E402
+from triton_mla_sparse.vllm_plugin import indexer_install as inst  # noqa: E402
+from triton_mla_sparse.vllm_plugin import vllm_signatures as sig  # noqa: E402
 
 AUTO: dict[str, str] = {}
 FORCED = {inst.ENV: "triton"}
 STOCK = {
-    f"{inst.SAI}.fp8_fp4_mqa_logits": sai.fp8_fp4_mqa_logits,
-    f"{inst.SAI}.fp8_fp4_paged_mqa_logits": sai.fp8_fp4_paged_mqa_logits,
-    f"{inst.IDX}.get_paged_mqa_logits_metadata": vidx.get_paged_mqa_logits_metadata,
-    f"{inst.ATT}.fused_q": att.fused_q,
-    f"{inst.ATT}.fused_norm_rope": att.fused_norm_rope,
-    f"{inst.OOT}.{inst.INDEXER_OP}": None,
+    f"{sig.SAI}.fp8_fp4_mqa_logits": sai.fp8_fp4_mqa_logits,
+    f"{sig.SAI}.fp8_fp4_paged_mqa_logits": sai.fp8_fp4_paged_mqa_logits,
+    f"{sig.IDX}.get_paged_mqa_logits_metadata": vidx.get_paged_mqa_logits_metadata,
+    f"{sig.ATT}.fused_q": att.fused_q,
+    f"{sig.ATT}.fused_norm_rope": att.fused_norm_rope,
+    f"{sig.OOT}.{sig.INDEXER_OP}": None,
 }
-GLUE = {
-    f"{inst.SAI}.fp8_fp4_mqa_logits": glue.fp8_fp4_mqa_logits,
-    f"{inst.SAI}.fp8_fp4_paged_mqa_logits": glue.fp8_fp4_paged_mqa_logits,
-    f"{inst.IDX}.get_paged_mqa_logits_metadata": glue.get_paged_mqa_logits_metadata,
-    f"{inst.ATT}.fused_q": glue.fused_q,
-    f"{inst.ATT}.fused_norm_rope": glue.fused_norm_rope,
+# The replacements that need nothing of what they replace are the adapters' own functions.
+ADAPTED = {
+    f"{sig.SAI}.fp8_fp4_mqa_logits": adapters.fp8_fp4_mqa_logits,
+    f"{sig.SAI}.fp8_fp4_paged_mqa_logits": adapters.fp8_fp4_paged_mqa_logits,
+    f"{sig.IDX}.get_paged_mqa_logits_metadata": adapters.get_paged_mqa_logits_metadata,
 }
+WRAPPERS = {f"{sig.ATT}.fused_q": "fused_q", f"{sig.ATT}.fused_norm_rope": "fused_norm_rope"}
 
 
 def _now(target: str):
@@ -91,8 +93,8 @@ def test_indexer_plan(cap, install, targets):
     plan = inst.indexer_plan(cap, AUTO)
     assert plan.install is install and plan.reason
     want = {
-        "all": inst.LOGITS_TARGETS + inst.FP8_FREE_TARGETS,
-        "logits": inst.LOGITS_TARGETS,
+        "all": sig.LOGITS_TARGETS + sig.FP8_FREE_TARGETS,
+        "logits": sig.LOGITS_TARGETS,
         None: (),
     }[targets]
     assert plan.targets == want
@@ -108,7 +110,7 @@ def test_indexer_plan(cap, install, targets):
 
 
 def test_indexer_plan_env_and_edges():
-    every = inst.LOGITS_TARGETS + inst.FP8_FREE_TARGETS
+    every = sig.LOGITS_TARGETS + sig.FP8_FREE_TARGETS
     for cap in [(9, 0), (12, 0), (8, 9), None]:
         forced = inst.indexer_plan(cap, FORCED)
         assert forced.install and forced.targets == every and "forced" in forced.reason
@@ -135,23 +137,28 @@ def test_indexer_plan_without_the_kernels(monkeypatch):
 def test_install_sm80_replaces_every_target(clean):
     plan = inst.install((8, 0), detect=False)  # simulated SM80
     assert plan.install
-    for t, fn in GLUE.items():
+    for t, fn in ADAPTED.items():
         assert _now(t) is fn, t
-    oot = op_registry_oot[inst.INDEXER_OP]
+    for t, name in WRAPPERS.items():  # built around vLLM's function when installed
+        now = _now(t)
+        assert now is not STOCK[t] and now.__name__ == name and getattr(now, inst.MARK), t
+        assert now.__module__ == adapters.__name__
+    oot = op_registry_oot[sig.INDEXER_OP]
     assert issubclass(oot, sai.SparseAttnIndexer) and oot is not sai.SparseAttnIndexer
     assert set(inst.installed_targets()) == set(plan.targets)
     # idempotent: a second install changes nothing, originals stay vLLM's
     assert inst.apply(plan)
-    assert op_registry_oot[inst.INDEXER_OP] is oot
-    assert inst.original(f"{inst.ATT}.fused_q") is STOCK[f"{inst.ATT}.fused_q"]
+    assert op_registry_oot[sig.INDEXER_OP] is oot
+    for t in WRAPPERS:
+        assert inst.original(t) is STOCK[t]
 
 
 def test_install_sm89_replaces_logits_only(clean):
     plan = inst.install((8, 9), detect=False)
     assert plan.install
-    for t in inst.LOGITS_TARGETS:
-        assert _now(t) is GLUE[t]
-    for t in inst.FP8_FREE_TARGETS:
+    for t in sig.LOGITS_TARGETS:
+        assert _now(t) is ADAPTED[t]
+    for t in sig.FP8_FREE_TARGETS:
         assert _now(t) is STOCK[t], t
 
 
@@ -166,7 +173,8 @@ def test_forced_on_sm90(clean, monkeypatch):
     monkeypatch.setenv(inst.ENV, "triton")
     plan = inst.install((9, 0), detect=False)
     assert plan.install and set(inst.installed_targets()) == set(plan.targets)
-    assert _now(f"{inst.ATT}.fused_q") is glue.fused_q
+    assert _now(f"{sig.ATT}.fused_q") is not STOCK[f"{sig.ATT}.fused_q"]
+    assert getattr(_now(f"{sig.ATT}.fused_q"), inst.MARK)
 
 
 def test_signature_mismatch_replaces_nothing(clean, monkeypatch, caplog):
@@ -188,9 +196,9 @@ def test_another_out_of_tree_indexer_blocks_install(clean, monkeypatch):
     class Other(sai.SparseAttnIndexer):
         pass
 
-    monkeypatch.setitem(op_registry_oot, inst.INDEXER_OP, Other)
+    monkeypatch.setitem(op_registry_oot, sig.INDEXER_OP, Other)
     assert not inst.apply(inst.indexer_plan((8, 0), AUTO))
-    assert att.fused_q is STOCK[f"{inst.ATT}.fused_q"]
+    assert att.fused_q is STOCK[f"{sig.ATT}.fused_q"]
     monkeypatch.undo()
 
 
@@ -206,12 +214,11 @@ log.addHandler(logging.StreamHandler(sys.stdout))
 from vllm.plugins import load_general_plugins
 load_general_plugins()  # vLLM's own loader: the entry point calls register()
 import triton_mla_sparse.vllm_plugin as plugin
-from triton_mla_sparse.vllm_plugin import indexer as inst
+from triton_mla_sparse.vllm_plugin import indexer_install as inst
 assert plugin.is_registered()
-assert "{inst.ATT}" not in sys.modules and inst.installed_targets() == ()
+assert "{sig.ATT}" not in sys.modules and inst.installed_targets() == ()
 import vllm.models.deepseek_v32.attention as att
-from triton_mla_sparse.vllm_plugin import indexer_glue as glue
-assert att.fused_q is glue.fused_q, att.fused_q
+assert getattr(att.fused_q, inst.MARK, False), att.fused_q
 print("INSTALLED", len(inst.installed_targets()))
 print("LOADER", type(att.__loader__).__name__)
 """
@@ -336,23 +343,22 @@ def test_fused_q_emulated_fp8_equals_vllm_kernel(clean, monkeypatch, interleave)
         **a, index_rope_interleave=interleave, quantize_mqa=False
     )
     inst.apply(inst.indexer_plan((8, 0), AUTO))
-    monkeypatch.setattr(glue, "INDEX_Q_EMULATE_FP8", True)
+    monkeypatch.setattr(adapters, "INDEX_Q_EMULATE_FP8", True)
     iq, w, mqa = att.fused_q(**a, index_rope_interleave=interleave, quantize_mqa=False)
     assert_equal_but_interpreter_e4m3_carry(iq, stock_q8.float())
     torch.testing.assert_close(w, stock_w, rtol=2e-7, atol=0)  # (w*a)*b vs w*(a*b): 1 ulp
     assert torch.equal(mqa, stock_mqa)
 
 
-def test_fused_q_fp8_mqa_pack_goes_to_vllm(clean, monkeypatch):
+def test_fused_q_fp8_mqa_pack_goes_to_vllm():
     seen = []
 
     def stock(*args):
         seen.append(len(args))
         return "stock"
 
-    inst.apply(inst.indexer_plan((8, 0), AUTO))
-    monkeypatch.setitem(inst._originals, f"{inst.ATT}.fused_q", stock)
-    assert att.fused_q(**_fused_q_inputs(torch.float32), quantize_mqa=True) == "stock"
+    fused_q = adapters.make_fused_q(stock)  # the adapter calls the function it was built around
+    assert fused_q(**_fused_q_inputs(torch.float32), quantize_mqa=True) == "stock"
     assert seen == [13]
 
 
@@ -506,18 +512,35 @@ def test_fused_norm_rope_cache_bytes_match_the_fused_writer(
         assert (flat[untouched] == 0x5A).all()
 
 
-def test_fused_norm_rope_without_indexer_cache_is_vllms(clean, monkeypatch):
+def test_fused_norm_rope_without_indexer_cache_is_vllms():
     calls = []
-    inst.apply(inst.indexer_plan((8, 0), AUTO))
-    monkeypatch.setitem(
-        inst._originals, f"{inst.ATT}.fused_norm_rope", lambda *a, **k: calls.append(k) or "x"
-    )
-    assert att.fused_norm_rope(**_norm_rope_inputs(), indexer_k_cache=None) == "x"
+    fused_norm_rope = adapters.make_fused_norm_rope(lambda *a, **k: calls.append(k) or "x")
+    assert fused_norm_rope(**_norm_rope_inputs(), indexer_k_cache=None) == "x"
     assert calls[0]["indexer_k_cache"] is None and calls[0]["index_k_out"] is None
 
 
+def test_adapters_do_not_import_the_installer():
+    """The adapters get what they wrap when installed; they never reach back into the
+    installer (nor does the signature table need either)."""
+    code = (
+        "import sys\n"
+        "import triton_mla_sparse.vllm_plugin.indexer_adapters as a\n"
+        "import triton_mla_sparse.vllm_plugin.vllm_signatures as s\n"
+        "print('triton_mla_sparse.vllm_plugin.indexer_install' in sys.modules)\n"
+        "print(sorted(k for k in a._BUILDERS) == sorted(t.rpartition('.')[2] for t in s.SIGNATURES))"
+    )
+    src = Path(__file__).resolve().parents[2] / "src"
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", VLLM_TARGET_DEVICE="cpu")
+    env["PYTHONPATH"] = str(src) + os.pathsep + env.get("PYTHONPATH", "")
+    r = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split() == ["False", "True"]
+
+
 def test_kernels_module_is_the_contract():
-    """The glue calls the indexer kernels by these names (another helper's public contract)."""
+    """The adapters call the indexer kernels by these names (another helper's public contract)."""
     spec = importlib.util.find_spec("triton_mla_sparse.indexer")
     assert spec is not None
     import triton_mla_sparse.indexer as ti
@@ -559,7 +582,7 @@ def test_out_of_tree_indexer_warms_pack_seq_in_the_model_dtype(clean):
     ]
     inst.apply(inst.indexer_plan((8, 0), AUTO))
     op, regs = _warmups(_indexer_op)
-    assert type(op) is op_registry_oot[inst.INDEXER_OP] and isinstance(op, sai.SparseAttnIndexer)
+    assert type(op) is op_registry_oot[sig.INDEXER_OP] and isinstance(op, sai.SparseAttnIndexer)
     assert regs[_PACK_SEQ_TRITON_KERNEL] == [
         ((), {"dtype": torch.bfloat16, "pad_value": -float("inf")})
     ]

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.vllm
 
 from triton_mla_sparse.kv_format import quantize_indexer_k, write_indexer_cache  # noqa: E402
 from triton_mla_sparse.reference import rope_reference  # noqa: E402
-from triton_mla_sparse.vllm_plugin import indexer as inst  # noqa: E402
+from triton_mla_sparse.vllm_plugin import indexer_install as inst  # noqa: E402
 
 from .cpu_vllm import common_metadata, cpu_vllm_config, mla_sparse_impl  # noqa: E402
 from .test_vllm_indexer_glue import (  # noqa: E402

@@ -29,7 +29,7 @@ from triton_mla_sparse.kv_format import (  # noqa: E402
     quantize_indexer_k,
     write_indexer_cache,
 )
-from triton_mla_sparse.vllm_plugin import indexer as inst  # noqa: E402
+from triton_mla_sparse.vllm_plugin import indexer_install as inst  # noqa: E402
 
 BLOCK = 64
 H, D = 8, 128

@@ -88,6 +88,49 @@ def test_unsupported_vllm_version_registers_nothing(monkeypatch, caplog):
     assert not plugin.vllm_version_supported("0.32.9")[0]
 
 
+def test_autoselect_flag_parsing():
+    for off in ("0", "false", "No", " off "):
+        assert not plugin.autoselect_enabled({plugin.AUTOSELECT_ENV: off})
+    for on in ("1", "yes", "", "on"):
+        assert plugin.autoselect_enabled({plugin.AUTOSELECT_ENV: on})
+    assert plugin.autoselect_enabled({})
+
+
+def test_vllm_own_member_of_that_name_is_reported(monkeypatch, caplog):
+    """Should vLLM's enum gain its own TRITON_MLA_SPARSE, the alias would do nothing and the flag
+    would select vLLM's backend: registration says so, and names the flag that selects ours."""
+    from vllm.config.attention import AttentionConfig
+    from vllm.v1.attention.backends import registry
+
+    enum = registry.AttentionBackendEnum
+    native = object.__new__(enum)
+    native._name_, native._value_ = "TRITON_MLA_SPARSE", "vllm.somewhere.NativeBackend"
+    monkeypatch.setitem(enum._member_map_, "TRITON_MLA_SPARSE", native)
+    monkeypatch.setattr(plugin, "_state", {"done": False, "registered": False, "reason": ""})
+    monkeypatch.setattr(registry, "_ATTN_OVERRIDES", {})
+    with caplog.at_level(logging.INFO, logger="vllm.triton_mla_sparse"):
+        assert plugin.register() is True
+    reg = plugin.registration()
+    assert reg.registered and reg.flag == "CUSTOM"
+    assert "vllm.somewhere.NativeBackend" in reg.conflict and "--attention-backend CUSTOM" in (
+        reg.conflict
+    )
+    assert enum["TRITON_MLA_SPARSE"] is native  # vLLM's member is left alone
+    assert AttentionConfig(backend="TRITON_MLA_SPARSE").backend is native  # the consequence
+    assert AttentionConfig(backend="CUSTOM").backend.get_class().__name__ == (
+        "TritonMLASparseBackend"
+    )
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("selects vLLM's backend, not this plugin" in w for w in warnings)
+    assert "no alias" in reg.reason
+
+
+def test_registration_without_conflict():
+    reg = plugin.registration()
+    assert reg.registered and reg.flag == "TRITON_MLA_SPARSE" and reg.conflict == ""
+    assert "alias TRITON_MLA_SPARSE" in reg.reason
+
+
 def test_custom_slot_held_by_another_plugin_is_left_alone(monkeypatch):
     from vllm.v1.attention.backends import registry
 
@@ -98,7 +141,8 @@ def test_custom_slot_held_by_another_plugin_is_left_alone(monkeypatch):
     assert registry._ATTN_OVERRIDES == {
         registry.AttentionBackendEnum.CUSTOM: "someone.else.Backend"
     }
-    assert "another plugin" in plugin._state["reason"]
+    reg = plugin.registration()
+    assert not reg.registered and "another plugin" in reg.reason
 
 
 def test_config_round_trips_into_spawned_worker():

@@ -3,20 +3,33 @@
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
 import importlib.util
 import json
 import sys
 
 from ..kv_format import KV_FORMATS
-from .common import environment, environment_line, gpu_device, num, table
+from .common import environment, environment_line, gpu_device, num, table, write_csv
 
 DESCRIPTION = (
     "Check each shape against the PyTorch reference, then time it (decode from CUDA-graph "
     "replays, prefill with device events) beside the copy-bandwidth / matmul floor measured on "
-    "this GPU. Needs a GPU; arguments are checked without one."
+    "this GPU. Needs a GPU; arguments are checked without one. Exit status 1 if a case fails, "
+    "2 if it cannot run (bad arguments, no GPU, --compare peer not importable)."
 )
+
+# The shape options' defaults. They default to None in the parser, so that an option given
+# with --indexer (whose grid is its own) is told apart from one left out and refused.
+DEFAULT_DECODE_TOKENS = [1, 4, 16, 64, 128]
+DEFAULT_DECODE_HEADS = [8, 16, 64, 128]
+DEFAULT_PREFILL_HEADS = [16, 64, 128]
+PREFILL_TOKENS, PREFILL_ROWS = 4096, 65536
+# What --indexer takes; every other option is refused with it.
+INDEXER_OPTIONS = "--formats (its DSA layer's caches), --no-prefill, --full, --json, --csv"
+
+
+def _csv_text(values: list[int]) -> str:
+    return ",".join(map(str, values))
 
 
 def csv_of(kind, choices=None, minimum=None):
@@ -44,14 +57,6 @@ def csv_of(kind, choices=None, minimum=None):
     return parse
 
 
-class DefaultList(list):
-    """An option's default list: tells a value left at its default from one typed (a model
-    preset replaces the former only), and prints as it would be typed in --help."""
-
-    def __str__(self) -> str:
-        return ",".join(str(x) for x in self)
-
-
 MODELS = ("deepseek-v4",)
 V4_HEADS = 64  # DeepSeek-V4's query heads per GPU in vLLM's FlashMLA decode (padded to 64)
 
@@ -69,15 +74,22 @@ def add_args(p: argparse.ArgumentParser) -> None:
         help=f"kv cache formats, comma separated, from {fmts}",
     )
     ints = csv_of(int, minimum=1)
-    p.add_argument("--decode", default="1,4,16,64,128", type=ints, help="decode token counts")
     p.add_argument(
-        "--heads",
-        default=DefaultList([8, 16, 64, 128]),
+        "--decode",
         type=ints,
-        help=f"decode head counts (with --model deepseek-v4: {V4_HEADS} unless given)",
+        help=f"decode token counts (default: {_csv_text(DEFAULT_DECODE_TOKENS)})",
     )
     p.add_argument(
-        "--prefill-heads", default="16,64,128", type=ints, help="prefill head counts (T=4096)"
+        "--heads",
+        type=ints,
+        help=f"decode head counts (default: {_csv_text(DEFAULT_DECODE_HEADS)}; with --model "
+        f"deepseek-v4: {V4_HEADS})",
+    )
+    p.add_argument(
+        "--prefill-heads",
+        type=ints,
+        help=f"prefill head counts, T={PREFILL_TOKENS} "
+        f"(default: {_csv_text(DEFAULT_PREFILL_HEADS)})",
     )
     p.add_argument("--no-prefill", action="store_true", help="skip the prefill shapes")
     p.add_argument(
@@ -94,7 +106,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
         "of 512 in one softmax with its attention sink, q and output 512 wide, "
         f"{V4_HEADS} heads unless --heads is given, --decode tokens; with --compare flashmla "
         "FlashMLA reads the same cache tensors as vLLM 0.33 calls it for DeepSeek-V4 decode. "
-        "--formats, --sink and the prefill options do not apply",
+        "--sink, --prefill-heads, --indexer and --plot are refused with it; --formats and "
+        "--no-prefill do not apply",
     )
     p.add_argument("--reference", action="store_true", help="also time the PyTorch reference")
     p.add_argument("--json", metavar="PATH", help="write results and environment as JSON")
@@ -108,22 +121,68 @@ def add_args(p: argparse.ArgumentParser) -> None:
         "--compare",
         choices=["flashmla"],
         help="also check and time FlashMLA on the same inputs, as vLLM 0.33 calls it, and print "
-        "ours/FlashMLA; a FlashMLA failure counts as a failed case; exit 2 if it cannot be imported",
+        "ours/FlashMLA; FlashMLA comes from the installed vLLM 0.33 (the vllm extra), else from "
+        "its files on PYTHONPATH; a FlashMLA failure counts as a failed case; exit 2 if it "
+        "cannot run here",
     )
     p.add_argument(
         "--indexer",
         action="store_true",
-        help="bench the DSA indexer logits instead (decode, prefill, one DSA decode layer)",
+        help="bench the DSA indexer logits instead (decode, prefill, one DSA decode layer per "
+        f"--formats entry); takes {INDEXER_OPTIONS} and refuses the other options",
     )
-    p.add_argument("--full", action="store_true", help="with --indexer: the full decode grid")
+    p.add_argument(
+        "--full",
+        action="store_true",
+        help="with --indexer: the full decode and prefill grids (refused without --indexer)",
+    )
 
 
 def check_args(args: argparse.Namespace) -> str | None:
-    """What is wrong with a combination of arguments (checked before any GPU work), or None."""
-    if args.model and args.indexer:
-        return f"--model {args.model} benches attention; --indexer the indexer: pick one"
-    if args.model and args.plot:
-        return f"--plot draws the DSA grid's formats; --model {args.model} has none of them"
+    """What is wrong with a combination of arguments (checked before any GPU work, reported as
+    a usage error), or None."""
+    if args.model:
+        if args.indexer:
+            return f"--model {args.model} benches attention; --indexer the indexer: pick one"
+        if args.plot:
+            return f"--plot draws the DSA grid's formats; --model {args.model} has none of them"
+        given = [
+            opt
+            for opt, used in (
+                ("--prefill-heads", args.prefill_heads is not None),
+                ("--sink", args.sink),
+            )
+            if used
+        ]
+        if given:
+            return (
+                f"{', '.join(given)}: not with --model {args.model}, whose decode shape is its "
+                "own (its sink included, no prefill)"
+            )
+    if args.indexer:
+        given = [
+            opt
+            for opt, used in (
+                ("--decode", args.decode is not None),
+                ("--heads", args.heads is not None),
+                ("--prefill-heads", args.prefill_heads is not None),
+                ("--sink", args.sink),
+                ("--reference", args.reference),
+                ("--plot", args.plot is not None),
+                ("--compare", args.compare is not None),
+            )
+            if used
+        ]
+        if given:
+            return (
+                f"{', '.join(given)}: not with --indexer, whose shapes are its own grid "
+                f"(--full widens it); it takes {INDEXER_OPTIONS}"
+            )
+    elif args.full:
+        return (
+            "--full widens the --indexer grid and means nothing without --indexer; choose "
+            "sparse_mla shapes with --decode, --heads and --prefill-heads"
+        )
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         return "--plot needs matplotlib: pip install 'triton-mla-sparse[plot]'"
     return None
@@ -133,15 +192,25 @@ def model_cases(args: argparse.Namespace) -> list:
     """The cases of ``--model``: its decode shape at each --decode token count and head count."""
     from ..workloads import deepseek_v4_case
 
-    heads = [V4_HEADS] if isinstance(args.heads, DefaultList) else args.heads
-    return [deepseek_v4_case(t, h) for h in heads for t in args.decode]
+    heads = args.heads or [V4_HEADS]
+    return [deepseek_v4_case(t, h) for h in heads for t in args.decode or DEFAULT_DECODE_TOKENS]
 
 
 def main(args: argparse.Namespace) -> int:
-    problem = check_args(args)
-    if problem:
-        print(f"triton-mla-sparse bench: error: {problem}", file=sys.stderr)
+    """Run ``bench`` on arguments ``check_args`` accepted (cli/main.py checks them first)."""
+    device = gpu_device()
+    if device is None:
+        print(
+            "triton-mla-sparse bench: error: no GPU found: bench times CUDA/ROCm kernels and has "
+            "nothing to run here; `triton-mla-sparse verify` runs the correctness checks on "
+            "CPU through Triton's interpreter",
+            file=sys.stderr,
+        )
         return 2
+    if args.indexer:
+        from .bench_indexer import run
+
+        return run(args, device)
     fmla = None
     if args.compare == "flashmla":
         from ..peers import flashmla
@@ -149,19 +218,15 @@ def main(args: argparse.Namespace) -> int:
         try:
             fmla = flashmla.load()
         except flashmla.PeerUnavailable as e:
-            print(e)
+            print(e, file=sys.stderr)
             return 2
-    device = gpu_device()
-    if device is None:
-        print("No GPU found: bench times CUDA/ROCm kernels only. `triton-mla-sparse verify` runs")
-        print("the correctness checks on CPU through Triton's interpreter.")
-        return 0
-    if args.indexer:
-        from ..bench_indexer import run
-
-        return run(args)
-    from ..bench import measure_ceilings, prepare, run_case, run_flashmla
+    from ..bench import prepare, run_case, run_flashmla
+    from ..testing import measure_ceilings
     from ..workloads import Case
+
+    decode = args.decode or DEFAULT_DECODE_TOKENS
+    heads = args.heads or DEFAULT_DECODE_HEADS
+    prefill_heads = args.prefill_heads or DEFAULT_PREFILL_HEADS
 
     env = environment()
     ceil = measure_ceilings(device)
@@ -172,14 +237,17 @@ def main(args: argparse.Namespace) -> int:
     )
     cases = []
     for fmt in args.formats:
-        for h in args.heads:
-            for t in args.decode:
+        for h in heads:
+            for t in decode:
                 name = f"decode T={t} H={h}" + (" sink" if args.sink else "")
                 cases.append(Case(name, t, h, kv_format=fmt, sink=args.sink))
         if not args.no_prefill:
-            for h in args.prefill_heads:
-                name = f"prefill T=4096 H={h}" + (" sink" if args.sink else "")
-                cases.append(Case(name, 4096, h, rows=65536, kv_format=fmt, sink=args.sink))
+            for h in prefill_heads:
+                name = f"prefill T={PREFILL_TOKENS} H={h}" + (" sink" if args.sink else "")
+                case = Case(
+                    name, PREFILL_TOKENS, h, rows=PREFILL_ROWS, kv_format=fmt, sink=args.sink
+                )
+                cases.append(case)
     if args.model:
         cases = model_cases(args)  # the model's own shape in place of the DSA grid
     results, failed, peers = [], 0, {}
@@ -248,11 +316,8 @@ def main(args: argparse.Namespace) -> int:
             doc["peers"] = [dataclasses.asdict(p) for p in peers.values()]
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1)
-    if args.csv and dicts:
-        with open(args.csv, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(dicts[0]))
-            w.writeheader()
-            w.writerows(dicts)
+    if args.csv:
+        write_csv(args.csv, dicts)
     if args.plot:
         _plot(results, args.plot, env)
     return 1 if failed else 0

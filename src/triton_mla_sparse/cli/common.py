@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import csv
 import datetime
-import os
 import platform
 
 import torch
@@ -11,11 +11,6 @@ import torch
 
 def gpu_device() -> torch.device | None:
     return torch.device("cuda") if torch.cuda.is_available() else None
-
-
-def use_interpreter() -> None:
-    """Run kernels under Triton's interpreter (must precede the lazy kernel import)."""
-    os.environ["TRITON_INTERPRET"] = "1"
 
 
 def environment() -> dict:
@@ -55,3 +50,13 @@ def table(rows: list[list[str]], header: list[str]) -> str:
 
 def num(x: float | None, spec: str) -> str:
     return "-" if x is None else format(x, spec)
+
+
+def write_csv(path: str, dicts: list[dict]) -> None:
+    """Rows of results (dataclasses.asdict of each) as CSV, the first row's keys as header."""
+    if not dicts:
+        return
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(dicts[0]))
+        w.writeheader()
+        w.writerows(dicts)

@@ -7,8 +7,18 @@ import sys
 
 from .. import __version__
 
-# every subcommand's help shows its defaults
-HELP_FORMAT = argparse.ArgumentDefaultsHelpFormatter
+
+class HelpFormat(argparse.ArgumentDefaultsHelpFormatter):
+    """Every subcommand's help shows its defaults; an option whose default is None (absent, or
+    a default the option's help states itself) shows none rather than "(default: None)"."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None:
+            return action.help
+        return super()._get_help_string(action)
+
+
+HELP_FORMAT = HelpFormat
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=HELP_FORMAT,
     )
     verify.add_args(p)
-    p.set_defaults(run=verify.main)
+    p.set_defaults(run=verify.main, check=None, parser=p)
     p = sub.add_parser(
         "bench",
         help="time the kernel over a grid of shapes (GPU)",
@@ -36,15 +46,24 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=HELP_FORMAT,
     )
     bench.add_args(p)
-    p.set_defaults(run=bench.main)
-    p = sub.add_parser("doctor", help="what vLLM would select on this (or a given) GPU, and why")
+    p.set_defaults(run=bench.main, check=bench.check_args, parser=p)
+    p = sub.add_parser(
+        "doctor",
+        help="which attention backend vLLM selects for a model on this (or a given) GPU",
+        description=doctor.DESCRIPTION,
+        formatter_class=HELP_FORMAT,
+    )
     doctor.add_doctor_args(p)
-    p.set_defaults(run=doctor.run)
+    p.set_defaults(run=doctor.run, check=None, parser=p)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # checks across options: a usage error of the subcommand (exit 2) before anything runs
+    problem = args.check(args) if args.check is not None else None
+    if problem:
+        args.parser.error(problem)
     return int(args.run(args) or 0)
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from .common import environment, environment_line, gpu_device, num, table, use_interpreter
+from ..ops.host import use_interpreter
+from .common import environment, environment_line, gpu_device, num, table
 
 DESCRIPTION = (
     "Check the kernel against the PyTorch reference on the default workload (GLM-5 and "
@@ -30,13 +31,14 @@ def main(args: argparse.Namespace) -> int:
         print("No GPU found: running Triton's interpreter on CPU at reduced sizes (fp16).")
         use_interpreter()
         device = torch.device("cpu")
-    from ..bench import TOLERANCE, run_case
+    from ..bench import run_case
+    from ..testing import sparse_mla_tolerance
     from ..workloads import verify_cases
 
     print(environment_line(environment()))
     cases = verify_cases(device.type == "cuda")
     tols = ", ".join(
-        f"{str(dt).replace('torch.', '')} {TOLERANCE[dt]:.1e}"
+        f"{str(dt).replace('torch.', '')} {sparse_mla_tolerance(dt).out_rtol:.1e}"
         for dt in sorted({c.dtype for c in cases}, key=str)
     )
     print(f"pass: relative Frobenius error of the output vs the reference <= {tols}")
@@ -46,7 +48,7 @@ def main(args: argparse.Namespace) -> int:
         res = run_case(case, device, time_it=not args.no_time)
         wall = time.perf_counter() - t0
         failed += not res.passed
-        tol = TOLERANCE[case.dtype]
+        tol = sparse_mla_tolerance(case.dtype).out_rtol
         when = f"{res.us:.1f} us" if res.us is not None else f"{wall:.1f} s wall"
         verdict = "pass" if res.passed else "FAIL"
         print(

@@ -22,9 +22,19 @@ def _release(dist: str) -> tuple[int, int] | None:
         return None
 
 
+# Triton reads this when a kernel module is first imported: "1" runs kernels on the CPU.
+INTERPRET_ENV = "TRITON_INTERPRET"
+
+
 def interpreter_on() -> bool:
     """Triton's CPU interpreter is on (it is chosen when a kernel module is first imported)."""
-    return os.environ.get("TRITON_INTERPRET") == "1"
+    return os.environ.get(INTERPRET_ENV) == "1"
+
+
+def use_interpreter() -> None:
+    """Run kernels under Triton's interpreter: must precede the first import of a kernel
+    module (the package imports them lazily, at the first call)."""
+    os.environ[INTERPRET_ENV] = "1"
 
 
 def interpreter_problem() -> str | None:

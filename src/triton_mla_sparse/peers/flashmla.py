@@ -2,7 +2,9 @@
 
 The build measured is the one vLLM 0.33 ships: ``vllm/_flashmla_C.abi3.so`` and
 ``vllm/third_party/flashmla/flash_mla_interface.py`` (:data:`INTERFACE`), imported only by
-:func:`load`. Nothing else from vLLM is used.
+:func:`load`. With vLLM installed, vLLM's own FlashMLA op module (:data:`VLLM_OP`) says first
+whether FlashMLA's sparse kernels run here; without vLLM, the two files on ``PYTHONPATH`` (with
+an empty ``vllm/__init__.py``) are imported directly. Nothing else from vLLM is used.
 
 What vLLM 0.33 passes (vllm/v1/attention/backends/mla/flashmla_sparse.py), reproduced here:
 
@@ -73,6 +75,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 from collections.abc import Callable
+from importlib import metadata
 from types import ModuleType
 
 import torch
@@ -80,6 +83,10 @@ import torch
 from ..kv_format import DS_MLA_ROW_BYTES, DS_V4_WIDTH, ds_mla_v4_pages
 
 INTERFACE = "vllm.third_party.flashmla.flash_mla_interface"
+# What vLLM 0.33's FLASHMLA_SPARSE backend imports FlashMLA through: it re-exports INTERFACE's
+# functions where FlashMLA's build runs on this GPU and says why not otherwise.
+VLLM_OP = "vllm.v1.attention.ops.flashmla"
+TESTED_VLLM = "0.33"
 
 HEAD_DIM = 576  # 512 latent + 64 rope: the only width both FlashMLA calls take here
 HEAD_DIM_V = 512
@@ -94,16 +101,59 @@ class PeerUnavailable(RuntimeError):
     """FlashMLA cannot be imported here; the message is one line for the user."""
 
 
+def _one_line(e: BaseException) -> str:
+    return " ".join(f"{type(e).__name__}: {e}".split())
+
+
+def _vllm_version() -> str | None:
+    """The installed vLLM distribution's version, or None (a folder named ``vllm`` on
+    ``PYTHONPATH``, as the manual route makes, has no distribution metadata)."""
+    try:
+        return metadata.version("vllm")
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def load() -> ModuleType:
-    """Import FlashMLA's interface (vLLM 0.33's build), or raise :class:`PeerUnavailable`."""
+    """Import FlashMLA's interface (vLLM 0.33's build), or raise :class:`PeerUnavailable`.
+
+    With vLLM installed (``pip install 'triton-mla-sparse[vllm]'``) nothing else is needed:
+    vLLM's op module decides whether its FlashMLA runs here, and the interface comes from
+    vLLM's package. Without vLLM, the interface and its ``.so`` are imported from
+    ``PYTHONPATH``."""
+    version = _vllm_version()
+    if version is not None:
+        try:
+            ok, reason = importlib.import_module(VLLM_OP).is_flashmla_sparse_supported()
+        except Exception as e:  # an incompatible vLLM: its module or function differs
+            ok, reason = False, f"{VLLM_OP} did not answer ({_one_line(e)})"
+        if not ok:
+            other = (
+                ""
+                if version.startswith(TESTED_VLLM + ".")
+                else (
+                    f"; the comparison is written against vLLM {TESTED_VLLM} "
+                    f"(pip install 'triton-mla-sparse[vllm]')"
+                )
+            )
+            raise PeerUnavailable(
+                f"--compare flashmla: vLLM {version} is installed and its FlashMLA does not run "
+                f"here: {reason}{other}"
+            )
     try:
         return importlib.import_module(INTERFACE)
     except Exception as e:  # ImportError, or OSError/undefined symbols from the .so
-        why = " ".join(f"{type(e).__name__}: {e}".split())
+        if version is not None:
+            how = f"vLLM {version} is installed and reports FlashMLA available"
+        else:
+            how = (
+                f"install vLLM {TESTED_VLLM}, which ships it (pip install "
+                "'triton-mla-sparse[vllm]'); without vLLM, put vLLM's "
+                "vllm/_flashmla_C.abi3.so and vllm/third_party/flashmla/flash_mla_interface.py, "
+                "with an empty vllm/__init__.py, on PYTHONPATH"
+            )
         raise PeerUnavailable(
-            f"--compare flashmla: cannot import {INTERFACE} ({why}); put vLLM 0.33's "
-            "vllm/_flashmla_C.abi3.so and vllm/third_party/flashmla/flash_mla_interface.py, "
-            "with an empty vllm/__init__.py, on PYTHONPATH"
+            f"--compare flashmla: cannot import {INTERFACE} ({_one_line(e)}); {how}"
         ) from e
 
 

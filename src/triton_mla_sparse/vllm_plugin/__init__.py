@@ -13,10 +13,13 @@ What it registers:
   member's value is unknown there and unpickling fails. ``CUSTOM`` exists in every process.
 - the name ``TRITON_MLA_SPARSE`` as an alias of that same ``CUSTOM`` member, so
   ``--attention-backend TRITON_MLA_SPARSE`` parses to ``CUSTOM`` and pickles as ``CUSTOM``.
+  Should vLLM's own enum ever gain a ``TRITON_MLA_SPARSE`` member, that name selects vLLM's
+  backend, not this one: registration says so (log and :func:`registration`) and the flag to
+  pass becomes ``--attention-backend CUSTOM``.
 - on CUDA, a wrapper around vLLM's MLA priority list that appends ``CUSTOM`` last, so this
   backend is chosen automatically only where no native sparse MLA backend is valid.
   Set ``TRITON_MLA_SPARSE_AUTOSELECT=0`` to turn that off (explicit selection still works).
-- where vLLM has no DeepGEMM (SM80/86/89), the Triton DSA indexer path (:mod:`.indexer`;
+- where vLLM has no DeepGEMM (SM80/86/89), the Triton DSA indexer path (:mod:`.indexer_install`;
   ``TRITON_MLA_SPARSE_INDEXER=auto|triton|off``).
 """
 
@@ -26,6 +29,8 @@ import logging
 import os
 import re
 import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
 from importlib import metadata
 
 BACKEND_NAME = "TRITON_MLA_SPARSE"
@@ -33,21 +38,56 @@ BACKEND_CLASS_PATH = "triton_mla_sparse.vllm_plugin.backend.TritonMLASparseBacke
 # vLLM's backend and selection internals this plugin builds on change between minor releases.
 SUPPORTED_VLLM = ((0, 33), (0, 34))  # [lower, upper)
 AUTOSELECT_ENV = "TRITON_MLA_SPARSE_AUTOSELECT"
+# vLLM kv-cache dtype -> the kernel's kv_format: the cache dtypes the backend serves. Here, not in
+# backend.py, so that tools without vLLM (doctor) read the same table.
+KV_FORMAT_OF: dict[str, str] = {
+    "auto": "auto",
+    "float16": "auto",
+    "bfloat16": "auto",
+    "fp8": "fp8",  # e4m3, one per-tensor scale (layer._k_scale)
+    "fp8_e4m3": "fp8",
+    "fp8_ds_mla": "fp8_ds_mla",  # 656-byte rows with 4 fp32 group scales
+}
+_OFF = ("0", "false", "no", "off")
 
 # A child of vLLM's logger, so the line appears with vLLM's formatting and level.
 logger = logging.getLogger("vllm.triton_mla_sparse")
 
 _lock = threading.Lock()
-_state: dict[str, object] = {"done": False, "registered": False, "reason": ""}
+_state: dict[str, object] = {"done": False, "registered": False, "reason": "", "conflict": ""}
 
 __all__ = [
+    "AUTOSELECT_ENV",
     "BACKEND_CLASS_PATH",
     "BACKEND_NAME",
+    "KV_FORMAT_OF",
     "SUPPORTED_VLLM",
+    "Registration",
+    "autoselect_enabled",
     "is_registered",
     "register",
+    "registration",
     "vllm_version_supported",
 ]
+
+
+@dataclass(frozen=True)
+class Registration:
+    """What :func:`register` did in this process, for tools that report it (``doctor``)."""
+
+    registered: bool
+    reason: str  # the line register() logged
+    # The --attention-backend value that selects this backend: BACKEND_NAME, or "CUSTOM" where
+    # vLLM's own enum has a member of that name (then ``conflict`` says so).
+    flag: str
+    conflict: str  # "" or why --attention-backend TRITON_MLA_SPARSE does not select this plugin
+
+
+def autoselect_enabled(env: Mapping[str, str] | None = None) -> bool:
+    """Whether ``TRITON_MLA_SPARSE_AUTOSELECT`` (in ``env``, default ``os.environ``) leaves
+    automatic selection on: anything but 0/false/no/off, unset included."""
+    env = os.environ if env is None else env
+    return env.get(AUTOSELECT_ENV, "1").strip().lower() not in _OFF
 
 
 def _parse_version(version: str) -> tuple[int, int, int]:
@@ -80,12 +120,26 @@ def is_registered() -> bool:
     return _ATTN_OVERRIDES.get(AttentionBackendEnum.CUSTOM) == BACKEND_CLASS_PATH
 
 
-def _add_name_alias(enum_cls: type) -> None:
-    # An alias (a second name for CUSTOM), not a new member: AttentionBackendEnum["TRITON_MLA_SPARSE"]
-    # returns CUSTOM, which pickles as CUSTOM and so reaches spawned workers intact.
+def _add_name_alias(enum_cls: type) -> str:
+    """Make ``BACKEND_NAME`` a second name of ``CUSTOM``; "" or why the name is vLLM's own.
+
+    An alias, not a new member: AttentionBackendEnum["TRITON_MLA_SPARSE"] returns CUSTOM, which
+    pickles as CUSTOM and so reaches spawned workers intact. Where vLLM's enum already has a
+    member of that name (its own backend), the alias would silently do nothing and the flag would
+    select vLLM's backend: the member is left alone and the returned text says so.
+    """
     member_map = enum_cls._member_map_  # type: ignore[attr-defined]
-    if BACKEND_NAME not in member_map:
+    current = member_map.get(BACKEND_NAME)
+    if current is None:
         member_map[BACKEND_NAME] = enum_cls.CUSTOM  # type: ignore[attr-defined]
+        return ""
+    if current is enum_cls.CUSTOM:  # type: ignore[attr-defined]
+        return ""
+    return (
+        f"vLLM's AttentionBackendEnum has its own {BACKEND_NAME} member ({current.value}): "
+        f"--attention-backend {BACKEND_NAME} selects vLLM's backend, not this plugin; "
+        "select this plugin with --attention-backend CUSTOM"
+    )
 
 
 def register() -> bool:
@@ -103,10 +157,12 @@ def register() -> bool:
         _state.update(done=True, registered=ok, reason=why)
         if ok:
             logger.info("triton_mla_sparse: %s", why)
+            if _state.get("conflict"):
+                logger.warning("triton_mla_sparse: %s", _state["conflict"])
             # The DeepGEMM-free DSA indexer where vLLM has none (SM80/86/89); never raises,
             # imports nothing until vLLM's DSA model module loads.
             try:
-                from .indexer import install
+                from .indexer_install import install
 
                 install()
             except Exception as e:
@@ -135,17 +191,31 @@ def _register() -> tuple[bool, str]:
         )
     if current is None:
         register_backend(custom, BACKEND_CLASS_PATH)
-    _add_name_alias(AttentionBackendEnum)
+    conflict = _add_name_alias(AttentionBackendEnum)
+    _state["conflict"] = conflict
 
     auto = "off (no CUDA platform)"
-    if os.environ.get(AUTOSELECT_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+    if not autoselect_enabled():
         auto = f"off ({AUTOSELECT_ENV}=0)"
     else:
         from .selection import install_priority_wrapper
 
         if install_priority_wrapper():
             auto = "on where no native sparse MLA backend is valid"
+    alias = "no alias: the name is vLLM's own" if conflict else f"alias {BACKEND_NAME}"
     return True, (
         f"registered {BACKEND_CLASS_PATH} as attention backend CUSTOM "
-        f"(alias {BACKEND_NAME}); automatic selection {auto}"
+        f"({alias}); automatic selection {auto}"
+    )
+
+
+def registration() -> Registration:
+    """Register (if not yet done in this process) and say what happened; never raises."""
+    register()
+    conflict = str(_state.get("conflict", ""))
+    return Registration(
+        registered=bool(_state["registered"]) and is_registered(),
+        reason=str(_state["reason"]),
+        flag="CUSTOM" if conflict else BACKEND_NAME,
+        conflict=conflict,
     )

@@ -41,17 +41,8 @@ from vllm.v1.kv_cache_interface import AttentionSpec
 
 from triton_mla_sparse import sparse_mla
 
-from . import BACKEND_NAME
+from . import BACKEND_NAME, KV_FORMAT_OF
 
-# vLLM kv-cache dtype -> the kernel's kv_format.
-KV_FORMAT_OF: dict[str, str] = {
-    "auto": "auto",
-    "float16": "auto",
-    "bfloat16": "auto",
-    "fp8": "fp8",  # e4m3, one per-tensor scale (layer._k_scale)
-    "fp8_e4m3": "fp8",
-    "fp8_ds_mla": "fp8_ds_mla",  # 656-byte rows with 4 fp32 group scales
-}
 # Caches whose writer (vLLM's fused_norm_rope) needs Triton fp8 types, i.e. SM89+, unless this
 # plugin's fp8-free writer is installed (TRITON_MLA_SPARSE_INDEXER not off); the kernel itself
 # reads them anywhere (integer e4m3 decode).
@@ -156,16 +147,17 @@ class TritonMLASparseBackend(AttentionBackend):
         device_capability: DeviceCapability,
     ) -> str | None:
         cap = (device_capability.major, device_capability.minor)
+        # Below MIN_CAPABILITY the capability check already refuses, with its own reason.
         if (
             kv_cache_dtype in FP8_CACHE_DTYPES
-            and cap < FP8_WRITER_MIN_CAPABILITY
-            and not _fp8_free_writer_planned(cap)
+            and MIN_CAPABILITY <= cap < FP8_WRITER_MIN_CAPABILITY
+            and (why_not := _fp8_free_writer_missing(cap))
         ):
             return (
                 f"kv cache dtype {kv_cache_dtype!r} needs compute capability 8.9+ "
                 f"(this is {cap[0]}.{cap[1]}): vLLM's MLA cache writer (fused_norm_rope) "
                 "quantises with Triton fp8 types, which sm80/86 lack, and this plugin's fp8-free "
-                "writer is not installed (TRITON_MLA_SPARSE_INDEXER=off?); use --kv-cache-dtype auto"
+                f"writer is not installed ({why_not}); use --kv-cache-dtype auto"
             )
         if kv_cache_dtype == "fp8_ds_mla" and head_size not in HEAD_SIZES:
             return f"fp8_ds_mla rows hold 512 latent + 64 rope values, not head size {head_size}"
@@ -206,12 +198,15 @@ def _check_sinks(sinks: torch.Tensor | None, num_heads: int) -> torch.Tensor | N
     return sinks
 
 
-def _fp8_free_writer_planned(cap: tuple[int, int]) -> bool:
-    """Whether this plugin replaces vLLM's fused cache writer on ``cap`` (its own fp8 writer,
-    vllm_plugin/indexer.py), which makes fp8 MLA caches writable below SM89."""
-    from .indexer import ATT, indexer_plan
+def _fp8_free_writer_missing(cap: tuple[int, int]) -> str:
+    """Why this plugin does not replace vLLM's fused cache writer on ``cap`` (the indexer plan's
+    reason, e.g. TRITON_MLA_SPARSE_INDEXER=off), or "" when it does: its own fp8 writer
+    (vllm_plugin/indexer_install.py) makes fp8 MLA caches writable below SM89."""
+    from .indexer_install import indexer_plan
+    from .vllm_signatures import ATT
 
-    return f"{ATT}.fused_norm_rope" in indexer_plan(cap).targets
+    plan = indexer_plan(cap)
+    return "" if f"{ATT}.fused_norm_rope" in plan.targets else plan.reason
 
 
 @dataclass
@@ -236,8 +231,19 @@ class TritonMLASparseMetadataBuilder(SparseMLACommonMetadataBuilder[TritonMLASpa
     ) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         num_q_heads = self.model_config.get_num_attention_heads(vllm_config.parallel_config)
-        # Same decode/prefill boundary as FLASH_ATTN_MLA_SPARSE: short extends run as MQA.
-        threshold = {16: 128, 32: 128, 64: 256, 128: 256}.get(num_q_heads, 128)
+        # The longest per-request query run as a decode (the sparse MQA kernel; longer ones
+        # are prefills, which may take the dense-MHA path). vLLM's sparse MLA builders grow it
+        # with the head count and agree on 128 for 16 and 32 heads, 256 for 64
+        # (v1/attention/backends/mla/flashattn_mla_sparse.py:142,
+        # flashmla_sparse.py:371). FLASH_ATTN_MLA_SPARSE's table has no 8-head entry (its
+        # default, 256, is meant for large head counts); the builders that serve 8 heads and list
+        # them, FlashInfer's sparse MLA (flashinfer_mla_sparse.py:268-270) and FlashMLA sparse on
+        # SM100 (flashmla_sparse.py:366-369), put 8 with 16 and 32 at 128. 128 heads keep the
+        # SM90 value, 256, not the SM100 kernels' 1024 (a choice for their own kernels); other
+        # head counts follow the nearest band.
+        threshold = {8: 128, 16: 128, 32: 128, 64: 256, 128: 256}.get(
+            num_q_heads, 128 if num_q_heads < 64 else 256
+        )
         self._init_reorder_batch_threshold(threshold, supports_spec_as_decode=True)
         self.supports_draft_decode_metadata_update = self.dcp_world_size == 1
 

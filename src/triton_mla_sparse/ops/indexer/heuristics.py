@@ -12,7 +12,7 @@ import dataclasses
 
 import torch
 
-from ..sparse_mla.heuristics import TARGETS, Arch, arch_of
+from ..target import SMEM_LARGE_CLASS, TARGETS, Arch, arch_of
 
 __all__ = [
     "TARGETS",
@@ -60,7 +60,7 @@ def _pow2_floor(n: int) -> int:
 
 
 def _small_smem(arch: Arch) -> bool:
-    return arch.backend == "hip" or arch.smem_bytes < 160 * 1024
+    return arch.backend == "hip" or arch.smem_bytes < SMEM_LARGE_CLASS
 
 
 def choose_paged_config(

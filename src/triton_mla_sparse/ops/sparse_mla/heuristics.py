@@ -9,50 +9,27 @@ shared-memory budget (checked by tests/test_compile.py).
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import torch
 
+# The target model is shared with the other ops (ops/target.py); importing it from here keeps
+# working for callers that always did (interface.py, tools).
+from ..target import SMEM_227KB_CLASS, SMEM_LARGE_CLASS, TARGETS, Arch, arch_of
 
-@dataclasses.dataclass(frozen=True)
-class Arch:
-    """A compile target: ``backend`` "cuda"/"hip", ``cc`` (80, 90, ...) or a gfx name."""
-
-    backend: str
-    cc: int | str
-    num_sms: int = 132
-    warp_size: int = 32
-
-    @property
-    def fp8_native(self) -> bool:
-        # Triton's e4m3 type lowers to hardware conversions on sm89+; sm80/86 and AMD (whose
-        # native fp8 is the fnuz variant) decode the bytes with integer arithmetic instead.
-        return self.backend == "cuda" and int(self.cc) >= 89
-
-    @property
-    def pdl(self) -> bool:
-        # programmatic dependent launch (griddepcontrol): sm90+
-        return self.backend == "cuda" and int(self.cc) >= 90
-
-    @property
-    def smem_bytes(self) -> int:
-        if self.backend == "hip":
-            return 64 * 1024
-        return {80: 163 * 1024, 90: 227 * 1024, 100: 227 * 1024}.get(int(self.cc), 99 * 1024)
-
-
-# Every compile target the project claims (tests/test_compile.py compiles all of them).
-TARGETS = (
-    Arch("cuda", 80, 108),
-    Arch("cuda", 86, 84),
-    Arch("cuda", 89, 142),
-    Arch("cuda", 90, 132),
-    Arch("cuda", 100, 148),
-    Arch("cuda", 120, 188),
-    # GB10 (DGX Spark): 48 SMs, the 99 KB shared memory of the sm120 parts
-    Arch("cuda", 121, 48),
-    Arch("hip", "gfx942", 304, 64),
-)
+__all__ = [
+    "TARGETS",
+    "Arch",
+    "SCALED_CHUNK_FORMATS",
+    "KernelConfig",
+    "arch_of",
+    "block_h_for",
+    "choose_config",
+    "fp16_mma_for",
+    "max_block_h",
+    "num_splits_for",
+    "split_len_for",
+    "tile_config",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,11 +68,11 @@ SCALED_CHUNK_FORMATS = ("fp8_ds_mla", "fp8_ds_mla_v4")
 def max_block_h(dtype: torch.dtype, kv_format: str, arch: Arch) -> int:
     """The largest head block whose tiles fit the target's shared memory (tests/test_compile.py,
     Triton 3.8: e.g. a 64-head bf16 tile needs 115 KB where 99 KB parts offer 99)."""
-    small_smem = arch.backend == "cuda" and arch.smem_bytes < 160 * 1024
+    small_smem = arch.backend == "cuda" and arch.smem_bytes < SMEM_LARGE_CLASS
     if dtype == torch.float32:
         if small_smem:
             return 16
-        return 64 if arch.smem_bytes >= 224 * 1024 else 32
+        return 64 if arch.smem_bytes >= SMEM_227KB_CLASS else 32
     if small_smem and kv_format not in SCALED_CHUNK_FORMATS:
         return 32
     return 64
@@ -121,7 +98,7 @@ def tile_config(
     warps = 8 if block_h >= 64 else 4
     if arch.backend == "hip":
         return KernelConfig(block_h, 16 if wide else 32, warps, 1)
-    big_smem = arch.smem_bytes >= 160 * 1024
+    big_smem = arch.smem_bytes >= SMEM_LARGE_CLASS
     if wide:
         return KernelConfig(block_h, 32 if big_smem else 16, warps, 1)
     if kv_format in SCALED_CHUNK_FORMATS:
@@ -138,10 +115,10 @@ def tile_config(
             return KernelConfig(block_h, 32, warps, 2)
         # H200: 64 rows x 3 stages (221 KB, two gather buffers) measured best for 64-head MMA
         # tiles; loading indices a step ahead makes these tiles spill (PERFORMANCE.md, log 5)
-        return KernelConfig(block_h, 64, warps, 3 if arch.smem_bytes >= 224 * 1024 else 2)
+        return KernelConfig(block_h, 64, warps, 3 if arch.smem_bytes >= SMEM_227KB_CLASS else 2)
     small = programs is not None and programs < arch.num_sms // 16
     decode = programs is not None and programs <= 2 * arch.num_sms
-    if decode and not small and kv_format == "auto" and arch.smem_bytes >= 224 * 1024:
+    if decode and not small and kv_format == "auto" and arch.smem_bytes >= SMEM_227KB_CLASS:
         # H200, 128 tokens x 16 heads: 32-row steps with indices a step ahead and two gather
         # buffers (91 KB, two programs per SM) 92 us; one buffer of 64 rows 98-100 us. A
         # per-tensor fp8 cache measured the other way round (125 vs 110 us).
@@ -204,19 +181,3 @@ def split_len_for(width: int, num_splits: int, block_n: int) -> tuple[int, int]:
     per = -(-width // num_splits)
     per = -(-per // block_n) * block_n
     return per, -(-width // per)
-
-
-@functools.cache
-def _cuda_arch(index: int) -> Arch:
-    props = torch.cuda.get_device_properties(index)
-    if getattr(torch.version, "hip", None):
-        gcn = getattr(props, "gcnArchName", "gfx942").split(":")[0]
-        return Arch("hip", gcn, props.multi_processor_count, 64)
-    return Arch("cuda", props.major * 10 + props.minor, props.multi_processor_count)
-
-
-def arch_of(device: torch.device) -> Arch:
-    """The architecture of a tensor's device; CPU tensors (Triton's interpreter) act as an H200."""
-    if device.type == "cuda":
-        return _cuda_arch(device.index if device.index is not None else torch.cuda.current_device())
-    return Arch("cuda", 90, 132)

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 import numbers
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
@@ -229,7 +232,6 @@ def _check_extra(
     valid_counts: torch.Tensor | None,
     block_table: torch.Tensor | None,
     block_size: int | None,
-    req_ids: torch.Tensor | None,
     fmt: str,
     q_dtype: torch.dtype,
     width: int,
@@ -257,14 +259,7 @@ def _check_extra(
             f"{_shape(cache)}, extra_indices {_shape(indices)}"
         )
     _check_cache("extra_kv_cache", cache, fmt, q_dtype, width, device)
-    _check_int32("extra_indices", indices, 2, device)
-    if indices.shape[0] != T or indices.shape[1] < 1:
-        raise ValueError(f"extra_indices must be [T={T}, W>=1], got {_shape(indices)} (q {q_desc})")
-    _check_int32("extra_valid_counts", valid_counts, 1, device)
-    if valid_counts is not None and valid_counts.shape[0] != T:
-        raise ValueError(
-            f"extra_valid_counts must be [T={T}], got {_shape(valid_counts)} (q {q_desc})"
-        )
+    _check_index_set("extra_", indices, valid_counts, T, device, q_desc)
     if (block_table is None) != (block_size is None):
         raise ValueError(
             "extra_block_table and extra_block_size go together: got extra_block_table "
@@ -300,48 +295,31 @@ class _Call:
     extra: _ExtraSet | None
 
 
-def _checked(
-    q: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
-    kv_cache: torch.Tensor,
-    indices: torch.Tensor,
-    softmax_scale: float | None = None,
-    *,
-    kv_lora_rank: int = 512,
-    valid_counts: torch.Tensor | None = None,
-    block_table: torch.Tensor | None = None,
-    req_ids: torch.Tensor | None = None,
-    block_size: int | None = None,
-    kv_format: str = "auto",
-    k_scale: float | torch.Tensor | None = None,
-    attn_sink: torch.Tensor | None = None,
-    extra_kv_cache: torch.Tensor | None = None,
-    extra_indices: torch.Tensor | None = None,
-    extra_valid_counts: torch.Tensor | None = None,
-    extra_block_table: torch.Tensor | None = None,
-    extra_block_size: int | None = None,
-    out: torch.Tensor | None = None,
-    return_lse: bool = False,
-    config: KernelConfig | None = None,
-) -> _Call:
-    """Validate a sparse_mla call (everything its docstring promises to refuse) and plan it."""
+def _check_rank(kv_lora_rank: object) -> int:
     if isinstance(kv_lora_rank, bool) or not isinstance(kv_lora_rank, int):
         raise TypeError(f"kv_lora_rank must be an int, got {kv_lora_rank!r}")
     if not _is_pow2(kv_lora_rank) or kv_lora_rank < 16:
         raise ValueError(f"kv_lora_rank must be a power of two >= 16, got {kv_lora_rank!r}")
-    q_lat, q_rope = _split_q(q, kv_lora_rank)
-    q_desc = _describe_q(q)  # messages show q as passed, not its latent slice
-    T, H, L = q_lat.shape
-    R = 0 if q_rope is None else q_rope.shape[-1]
-    device, dtype = q_lat.device, q_lat.dtype
-    if dtype not in _FLOAT_DTYPES:
+    return kv_lora_rank
+
+
+def _check_q_dtype(q_lat: torch.Tensor, q_desc: str) -> None:
+    if q_lat.dtype not in _FLOAT_DTYPES:
         raise TypeError(f"q must be fp16, bf16 or fp32, got {q_desc}")
-    if dtype == torch.bfloat16 and interpreter_on():
+    if q_lat.dtype == torch.bfloat16 and interpreter_on():
         raise TypeError(
             f"bf16 q under TRITON_INTERPRET=1 (got {q_desc}): Triton's CPU interpreter computes "
             "bf16 wrongly (errors of 1e9 seen), so it is refused there; use fp16 or fp32 on CPU"
         )
-    if H < 1:
+    if q_lat.shape[1] < 1:
         raise ValueError(f"q must have at least one head, got {q_desc}")
+
+
+def _check_main_cache(
+    kv_cache: object, kv_format: str, q_lat: torch.Tensor, R: int, kv_lora_rank: int, q_desc: str
+) -> str:
+    """kv_cache against q: its resolved format (kv_format with "auto" decided)."""
+    L, device = q_lat.shape[2], q_lat.device
     if not isinstance(kv_cache, torch.Tensor):
         raise TypeError(f"kv_cache must be a tensor, got {_shape(kv_cache)}")
     if kv_cache.dim() not in (2, 3):
@@ -350,7 +328,7 @@ def _checked(
         )
     if kv_cache.device != device:
         raise ValueError(f"kv_cache must be on {device} like q, got {_shape(kv_cache)}")
-    fmt = _resolve_format(kv_format, kv_cache, dtype)
+    fmt = _resolve_format(kv_format, kv_cache, q_lat.dtype)
     if fmt == "fp8_ds_mla" and (L != DS_MLA_LATENT or R not in (0, DS_MLA_ROPE)):
         raise ValueError(
             f"fp8_ds_mla holds 512 latent + 64 rope values; q has {L} + {R} (q {q_desc}, "
@@ -362,14 +340,35 @@ def _checked(
             f"it, the value all of it): q must be [T, H, 512] with kv_lora_rank=512; got q "
             f"{q_desc} ({L} + {R}), kv_lora_rank={kv_lora_rank}"
         )
-    _check_cache("kv_cache", kv_cache, fmt, dtype, L + R, device)
-    _check_int32("indices", indices, 2, device)
+    _check_cache("kv_cache", kv_cache, fmt, q_lat.dtype, L + R, device)
+    return fmt
+
+
+def _check_index_set(
+    prefix: str, indices: object, valid_counts: object, T: int, device: torch.device, q_desc: str
+) -> None:
+    """``{prefix}indices`` int32 [T, W >= 1] and ``{prefix}valid_counts`` int32 [T] or None."""
+    _check_int32(f"{prefix}indices", indices, 2, device)
     if indices.shape[0] != T or indices.shape[1] < 1:
-        raise ValueError(f"indices must be [T={T}, W>=1], got {_shape(indices)} (q {q_desc})")
-    W = indices.shape[1]
-    _check_int32("valid_counts", valid_counts, 1, device)
+        raise ValueError(
+            f"{prefix}indices must be [T={T}, W>=1], got {_shape(indices)} (q {q_desc})"
+        )
+    _check_int32(f"{prefix}valid_counts", valid_counts, 1, device)
     if valid_counts is not None and valid_counts.shape[0] != T:
-        raise ValueError(f"valid_counts must be [T={T}], got {_shape(valid_counts)} (q {q_desc})")
+        raise ValueError(
+            f"{prefix}valid_counts must be [T={T}], got {_shape(valid_counts)} (q {q_desc})"
+        )
+
+
+def _check_paging(
+    block_table: object,
+    req_ids: object,
+    block_size: object,
+    extra_block_table: object,
+    T: int,
+    device: torch.device,
+    q_desc: str,
+) -> None:
     has_bt = block_table is not None
     # req_ids also serves an extra set's own block table (extra_block_table)
     needs_req = has_bt or extra_block_table is not None
@@ -387,52 +386,84 @@ def _checked(
         _check_int32("req_ids", req_ids, 1, device)
         if req_ids.shape[0] != T:
             raise ValueError(f"req_ids must be [T={T}], got {_shape(req_ids)} (q {q_desc})")
-    if out is not None:
-        if not isinstance(out, torch.Tensor):
-            raise TypeError(f"out must be a tensor, got {_shape(out)}")
-        if out.dtype != dtype:
-            raise TypeError(f"out must have q's dtype {dtype}, got {_shape(out)}")
-        if tuple(out.shape) != (T, H, L):
-            raise ValueError(f"out must be [{T}, {H}, {L}] (q {q_desc}), got {_shape(out)}")
-        if out.device != device:
-            raise ValueError(f"out must be on {device} like q, got {_shape(out)}")
-    k_scale_ptr = None
-    k_scale_val = 1.0
-    if k_scale is not None:
-        if fmt != "fp8":
-            raise ValueError(f"k_scale applies to kv_format='fp8' only, got kv_format={fmt!r}")
-        if isinstance(k_scale, torch.Tensor):
-            if k_scale.dtype != torch.float32:
-                raise TypeError(f"k_scale as a tensor must be float32, got {_shape(k_scale)}")
-            if k_scale.numel() != 1 or k_scale.device != device:
-                raise ValueError(
-                    f"k_scale must be one float32 value on {device}, got {_shape(k_scale)}"
-                )
-            k_scale_ptr = k_scale
-        else:
-            k_scale_val = _real_number("k_scale", k_scale)
-            if k_scale_val <= 0.0:
-                raise ValueError(
-                    f"k_scale must be positive (a dequantization scale), got {k_scale!r}"
-                )
-    if attn_sink is not None:
-        if not isinstance(attn_sink, torch.Tensor):
-            raise TypeError(
-                f"attn_sink must be a float32 tensor [H] or None, got {_shape(attn_sink)}"
+
+
+def _check_out(out: object, q_lat: torch.Tensor, q_desc: str) -> None:
+    if out is None:
+        return
+    T, H, L = q_lat.shape
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"out must be a tensor, got {_shape(out)}")
+    if out.dtype != q_lat.dtype:
+        raise TypeError(f"out must have q's dtype {q_lat.dtype}, got {_shape(out)}")
+    if tuple(out.shape) != (T, H, L):
+        raise ValueError(f"out must be [{T}, {H}, {L}] (q {q_desc}), got {_shape(out)}")
+    if out.device != q_lat.device:
+        raise ValueError(f"out must be on {q_lat.device} like q, got {_shape(out)}")
+
+
+def _check_k_scale(
+    k_scale: object, fmt: str, device: torch.device
+) -> tuple[torch.Tensor | None, float]:
+    """(the device scale tensor or None, the host scale value) of a per-tensor fp8 cache."""
+    if k_scale is None:
+        return None, 1.0
+    if fmt != "fp8":
+        raise ValueError(f"k_scale applies to kv_format='fp8' only, got kv_format={fmt!r}")
+    if isinstance(k_scale, torch.Tensor):
+        if k_scale.dtype != torch.float32:
+            raise TypeError(f"k_scale as a tensor must be float32, got {_shape(k_scale)}")
+        if k_scale.numel() != 1 or k_scale.device != device:
+            raise ValueError(
+                f"k_scale must be one float32 value on {device}, got {_shape(k_scale)}"
             )
-        if attn_sink.dtype != torch.float32:
-            raise TypeError(f"attn_sink must be float32 [H={H}], got {_shape(attn_sink)}")
-        if tuple(attn_sink.shape) != (H,):
-            raise ValueError(f"attn_sink must be [H={H}] (q {q_desc}), got {_shape(attn_sink)}")
-        if attn_sink.device != device:
-            raise ValueError(f"attn_sink must be on {device} like q, got {_shape(attn_sink)}")
+        return k_scale, 1.0
+    value = _real_number("k_scale", k_scale)
+    if value <= 0.0:
+        raise ValueError(f"k_scale must be positive (a dequantization scale), got {k_scale!r}")
+    return None, value
+
+
+def _check_sink(attn_sink: object, H: int, device: torch.device, q_desc: str) -> None:
+    if attn_sink is None:
+        return
+    if not isinstance(attn_sink, torch.Tensor):
+        raise TypeError(f"attn_sink must be a float32 tensor [H] or None, got {_shape(attn_sink)}")
+    if attn_sink.dtype != torch.float32:
+        raise TypeError(f"attn_sink must be float32 [H={H}], got {_shape(attn_sink)}")
+    if tuple(attn_sink.shape) != (H,):
+        raise ValueError(f"attn_sink must be [H={H}] (q {q_desc}), got {_shape(attn_sink)}")
+    if attn_sink.device != device:
+        raise ValueError(f"attn_sink must be on {device} like q, got {_shape(attn_sink)}")
+
+
+def _checked(a: Mapping[str, Any]) -> _Call:
+    """Validate a sparse_mla call (everything its docstring promises to refuse) and plan it.
+    ``a``: sparse_mla's arguments by name, as passed (defaults applied)."""
+    kv_lora_rank = _check_rank(a["kv_lora_rank"])
+    q_lat, q_rope = _split_q(a["q"], kv_lora_rank)
+    q_desc = _describe_q(a["q"])  # messages show q as passed, not its latent slice
+    _check_q_dtype(q_lat, q_desc)
+    T, H, L = q_lat.shape
+    R = 0 if q_rope is None else q_rope.shape[-1]
+    device, dtype = q_lat.device, q_lat.dtype
+    kv_cache = a["kv_cache"]
+    fmt = _check_main_cache(kv_cache, a["kv_format"], q_lat, R, kv_lora_rank, q_desc)
+    indices, valid_counts = a["indices"], a["valid_counts"]
+    _check_index_set("", indices, valid_counts, T, device, q_desc)
+    block_table, req_ids, block_size = a["block_table"], a["req_ids"], a["block_size"]
+    _check_paging(block_table, req_ids, block_size, a["extra_block_table"], T, device, q_desc)
+    has_bt = block_table is not None
+    _check_out(a["out"], q_lat, q_desc)
+    k_scale_ptr, k_scale_val = _check_k_scale(a["k_scale"], fmt, device)
+    attn_sink = a["attn_sink"]
+    _check_sink(attn_sink, H, device, q_desc)
     extra = _check_extra(
-        extra_kv_cache,
-        extra_indices,
-        extra_valid_counts,
-        extra_block_table,
-        extra_block_size,
-        req_ids,
+        a["extra_kv_cache"],
+        a["extra_indices"],
+        a["extra_valid_counts"],
+        a["extra_block_table"],
+        a["extra_block_size"],
         fmt,
         dtype,
         L + R,
@@ -440,10 +471,12 @@ def _checked(
         device,
         q_desc,
     )
+    softmax_scale = a["softmax_scale"]
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(L + R)
     else:
         softmax_scale = _real_number("softmax_scale", softmax_scale)
+    return_lse, config = a["return_lse"], a["config"]
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {return_lse!r}")
     if config is not None and not isinstance(config, KernelConfig):
@@ -459,7 +492,7 @@ def _checked(
             num_heads=H,
             latent=L,
             rope=R,
-            width=W,
+            width=indices.shape[1],
             dtype=dtype,
             kv_format=fmt,
             arch=arch_of(device),
@@ -473,7 +506,7 @@ def _checked(
             extra_width=extra.indices.shape[1] if extra is not None else None,
             extra_page_size=_page_size(extra.kv_cache) if extra is not None else 1,
             extra_has_counts=extra is not None and extra.valid_counts is not None,
-            extra_block_size=extra_block_size if extra is not None else None,
+            extra_block_size=a["extra_block_size"] if extra is not None else None,
             config=config,
         )
     if kv_cache.dtype == torch.float8_e4m3fn:
@@ -595,28 +628,8 @@ def sparse_mla(
             ``kv_format``, mismatched ``T``). Raised before anything is launched or allocated;
             messages name the argument and show what the caller passed.
     """
-    c = _checked(
-        q,
-        kv_cache,
-        indices,
-        softmax_scale,
-        kv_lora_rank=kv_lora_rank,
-        valid_counts=valid_counts,
-        block_table=block_table,
-        req_ids=req_ids,
-        block_size=block_size,
-        kv_format=kv_format,
-        k_scale=k_scale,
-        attn_sink=attn_sink,
-        extra_kv_cache=extra_kv_cache,
-        extra_indices=extra_indices,
-        extra_valid_counts=extra_valid_counts,
-        extra_block_table=extra_block_table,
-        extra_block_size=extra_block_size,
-        out=out,
-        return_lse=return_lse,
-        config=config,
-    )
+    # the parameters by name: at this point locals() holds exactly them, as passed
+    c = _checked(locals())
     T, H, _ = c.out_shape
     if out is None:
         out = torch.empty(c.out_shape, dtype=c.dtype, device=c.device)
@@ -650,54 +663,23 @@ def sparse_mla(
     return (out, lse) if return_lse else out
 
 
-def sparse_mla_plan(
-    q: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
-    kv_cache: torch.Tensor,
-    indices: torch.Tensor,
-    softmax_scale: float | None = None,
-    *,
-    kv_lora_rank: int = 512,
-    valid_counts: torch.Tensor | None = None,
-    block_table: torch.Tensor | None = None,
-    req_ids: torch.Tensor | None = None,
-    block_size: int | None = None,
-    kv_format: str = "auto",
-    k_scale: float | torch.Tensor | None = None,
-    attn_sink: torch.Tensor | None = None,
-    extra_kv_cache: torch.Tensor | None = None,
-    extra_indices: torch.Tensor | None = None,
-    extra_valid_counts: torch.Tensor | None = None,
-    extra_block_table: torch.Tensor | None = None,
-    extra_block_size: int | None = None,
-    out: torch.Tensor | None = None,
-    return_lse: bool = False,
-    config: KernelConfig | None = None,
-) -> LaunchPlan | None:
+def sparse_mla_plan(*args: Any, **kwargs: Any) -> LaunchPlan | None:
     """The :class:`~triton_mla_sparse.ops.sparse_mla.plan.LaunchPlan` that
     :func:`sparse_mla` would run for these arguments: kernel family, the configuration as run
     (split count, fp8 decode, MMA operand type and dependent launch decided), grids and
     constexprs. Same arguments, same validation and the same exceptions as :func:`sparse_mla`;
     launches, allocates and compiles nothing. None when ``T == 0`` (nothing would launch).
     """
-    return _checked(
-        q,
-        kv_cache,
-        indices,
-        softmax_scale,
-        kv_lora_rank=kv_lora_rank,
-        valid_counts=valid_counts,
-        block_table=block_table,
-        req_ids=req_ids,
-        block_size=block_size,
-        kv_format=kv_format,
-        k_scale=k_scale,
-        attn_sink=attn_sink,
-        extra_kv_cache=extra_kv_cache,
-        extra_indices=extra_indices,
-        extra_valid_counts=extra_valid_counts,
-        extra_block_table=extra_block_table,
-        extra_block_size=extra_block_size,
-        out=out,
-        return_lse=return_lse,
-        config=config,
-    ).plan
+    try:
+        bound = _SPARSE_MLA_SIGNATURE.bind(*args, **kwargs)
+    except TypeError as e:  # as a call of sparse_mla with these arguments would fail
+        raise TypeError(f"sparse_mla_plan() {e}") from None
+    bound.apply_defaults()
+    return _checked(bound.arguments).plan
+
+
+# sparse_mla_plan takes sparse_mla's parameters: one signature, shown by help() for both
+_SPARSE_MLA_SIGNATURE = inspect.signature(sparse_mla)
+sparse_mla_plan.__signature__ = _SPARSE_MLA_SIGNATURE.replace(  # type: ignore[attr-defined]
+    return_annotation="LaunchPlan | None"
+)

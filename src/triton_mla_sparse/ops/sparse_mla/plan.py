@@ -14,13 +14,23 @@ from typing import Any
 
 import torch
 
-from .heuristics import Arch, KernelConfig, choose_config, fp16_mma_for, split_len_for
+from ..target import Arch
+from .heuristics import KernelConfig, choose_config, fp16_mma_for, split_len_for
 
 # Kernel families (kernels/): one per way a cache row is laid out.
 LATENT = "latent"  # a plain [L + R] row: q's dtype ("auto") or per-tensor e4m3 ("fp8")
 DS_MLA = "ds_mla"  # fp8_ds_mla: four scaled e4m3 chunks + bf16 rope
 DS_MLA_V4 = "ds_mla_v4"  # fp8_ds_mla_v4: DeepSeek-V4's paged record, seven scaled chunks + rope
 FAMILY_OF = {"auto": LATENT, "fp8": LATENT, "fp8_ds_mla": DS_MLA, "fp8_ds_mla_v4": DS_MLA_V4}
+
+# The merge holds all splits of BLOCK_L output columns in one [S_PAD, BLOCK_L] fp32 tile: about
+# MERGE_TILE_ELEMENTS of them (32 a thread at its 4 warps), so the more splits the narrower the
+# column block, and no program walks the splits serially (PERFORMANCE.md, log 2).
+MERGE_TILE_ELEMENTS = 4096
+# At least 64 columns a program: past 64 splits the tile grows instead of the column block
+# shrinking (64 columns are 128 bytes of a bf16 output row, one cache line a store).
+MERGE_MIN_BLOCK_L = 64
+MERGE_NUM_WARPS = 4
 
 
 def _shift(n: int) -> int:
@@ -195,9 +205,10 @@ def make_plan(
     merge = None
     if split:
         s_pad = 1 << (num_splits - 1).bit_length()
-        # output columns per merge program: 4096 // S_PAD, at least 64, never past the latent
-        # width (the merge stores unmasked: BLOCK_L must divide L)
-        block_l = min(latent, max(64, 4096 // s_pad))
+        # output columns per merge program: the tile budget over S_PAD, at least the minimum,
+        # never past the latent width (the merge stores unmasked: BLOCK_L must divide L;
+        # PERFORMANCE.md, log 17)
+        block_l = min(latent, max(MERGE_MIN_BLOCK_L, MERGE_TILE_ELEMENTS // s_pad))
         merge = MergePlan(
             grid=(num_tokens * num_heads, -(-latent // block_l)),
             constexprs=dict(
@@ -208,7 +219,7 @@ def make_plan(
                 PDL=pdl,
                 HAS_SINK=has_sink,
             ),
-            num_warps=4,
+            num_warps=MERGE_NUM_WARPS,
             pdl=pdl,
         )
     return LaunchPlan(

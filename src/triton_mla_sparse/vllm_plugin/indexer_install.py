@@ -5,7 +5,9 @@ vLLM's DeepSeek-V3.2 / GLM-5 CUDA path computes the lightning indexer's logits w
 vLLM supports on SM90/SM100/SM120 only, and prepares the index query and key with Triton kernels
 that use fp8 types (``fused_q``, ``fused_norm_rope``'s indexer-cache write, the fp8 ``pack_seq``
 warm-up), which Triton compiles for SM89+ only. This module replaces exactly those module globals,
-where vLLM's code looks them up at call time, with the adapters in :mod:`.indexer_glue`:
+where vLLM's code looks them up at call time (the targets and their pinned vLLM 0.33.0 signatures:
+:mod:`.vllm_signatures`), with the adapters of :mod:`.indexer_adapters`, each built around the
+vLLM object it replaces:
 
 - SM80/86 (no DeepGEMM, no Triton fp8): the logits and metadata targets, plus ``fused_q``,
   ``fused_norm_rope`` (its fp8 indexer-cache and fp8 MLA-cache stores split out) and an
@@ -32,7 +34,6 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import importlib.util
-import inspect
 import logging
 import os
 import sys
@@ -41,134 +42,18 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .vllm_signatures import (
+    ATT,
+    FP8_FREE_TARGETS,
+    INDEXER_OP,
+    LOGITS_TARGETS,
+    OOT,
+    SAI,
+    signature_error,
+)
+
 ENV = "TRITON_MLA_SPARSE_INDEXER"
 MODES = ("auto", "triton", "off")
-
-SAI = "vllm.model_executor.layers.sparse_attn_indexer"
-IDX = "vllm.v1.attention.backends.mla.indexer"
-ATT = "vllm.models.deepseek_v32.attention"
-OOT = "vllm.model_executor.custom_op.op_registry_oot"
-INDEXER_OP = "SparseAttnIndexer"
-
-# Where vLLM looks the targets up (module globals of the callers), as "module.attribute".
-LOGITS_TARGETS = (
-    f"{SAI}.fp8_fp4_mqa_logits",
-    f"{SAI}.fp8_fp4_paged_mqa_logits",
-    f"{IDX}.get_paged_mqa_logits_metadata",
-)
-FP8_FREE_TARGETS = (
-    f"{ATT}.fused_q",
-    f"{ATT}.fused_norm_rope",
-    f"{OOT}.{INDEXER_OP}",  # an op_registry_oot entry: CustomOp.__new__ builds this class instead
-)
-
-_REQ = inspect.Parameter.empty
-# vLLM 0.33.0's parameters (name, default) in order, all positional-or-keyword; for the
-# out-of-tree op, SparseAttnIndexer.__init__'s.
-SIGNATURES: dict[str, tuple[tuple[str, Any], ...]] = {
-    f"{SAI}.fp8_fp4_mqa_logits": tuple(
-        (n, _REQ) for n in ("q", "kv", "weights", "cu_seqlen_ks", "cu_seqlen_ke", "max_seqlen_k")
-    ),
-    f"{SAI}.fp8_fp4_paged_mqa_logits": (
-        *(
-            (n, _REQ)
-            for n in (
-                "q",
-                "kv_cache",
-                "weights",
-                "context_lens",
-                "block_tables",
-                "schedule_metadata",
-                "max_model_len",
-            )
-        ),
-        ("indices", None),
-    ),
-    f"{IDX}.get_paged_mqa_logits_metadata": (
-        ("context_lens", _REQ),
-        ("block_size", _REQ),
-        ("num_sms", _REQ),
-        ("indices", None),
-    ),
-    f"{ATT}.fused_q": (
-        *(
-            (n, _REQ)
-            for n in (
-                "positions",
-                "q_pe",
-                "q_pe_cos_sin_cache",
-                "index_q",
-                "index_q_cos_sin_cache",
-                "ql_nope",
-                "q_scale",
-                "index_weights",
-                "index_weights_softmax_scale",
-                "index_weights_head_scale",
-            )
-        ),
-        ("has_indexer", True),
-        ("index_rope_interleave", False),
-        ("quantize_mqa", True),
-    ),
-    f"{ATT}.fused_norm_rope": (
-        *(
-            (n, _REQ)
-            for n in (
-                "positions",
-                "q_c",
-                "q_rms_norm_w",
-                "q_rms_eps",
-                "kv_c",
-                "kv_rms_norm_w",
-                "kv_rms_eps",
-                "k_pe",
-                "k_rope_cos_sin_cache",
-                "index_k",
-                "index_k_layer_norm_w",
-                "index_k_layer_norm_bias",
-                "index_k_layer_norm_eps",
-                "index_k_rope_cos_sin_cache",
-                "topk_indices_buffer",
-            )
-        ),
-        ("slot_mapping", None),
-        ("indexer_slot_mapping", None),
-        ("indexer_k_cache", None),
-        ("indexer_cache_shuffled", False),
-        ("mla_kv_cache", None),
-        ("mla_kv_cache_dtype", "auto"),
-        ("mla_k_scale", None),
-        ("has_indexer", True),
-        ("index_rope_interleave", False),
-        ("q_c_out", None),
-        ("kv_c_out", None),
-        ("k_pe_out", None),
-        ("index_k_out", None),
-        ("skip_scale", False),
-    ),
-    f"{OOT}.{INDEXER_OP}": (
-        *(
-            (n, _REQ)
-            for n in (
-                "self",
-                "k_cache",
-                "quant_block_size",
-                "scale_fmt",
-                "topk_tokens",
-                "head_dim",
-                "max_model_len",
-                "max_total_seq_len",
-                "topk_indices_buffer",
-            )
-        ),
-        ("skip_k_cache_insert", False),
-        ("use_fp4_cache", False),
-        ("compress_ratio", 1),
-        ("candidate_blocks", None),
-        ("candidate_block_size", 0),
-        ("candidate_write", False),
-    ),
-}
 
 # What stops DSA serving below SM89 when this plugin's fp8-free path is NOT installed.
 FP8_CACHE_BLOCKER = (
@@ -181,7 +66,7 @@ MARK = "_triton_mla_sparse_indexer"
 logger = logging.getLogger("vllm.triton_mla_sparse")
 
 _lock = threading.RLock()
-# target -> the object it replaced (for uninstall and for delegation to the stock code)
+# target -> the object it replaced (for uninstall)
 _originals: dict[str, Any] = {}
 
 
@@ -300,31 +185,20 @@ def _current(target: str) -> Any:
     return getattr(sys.modules[module], attr)
 
 
+def _wrapped(target: str, current: Any) -> Any:
+    """What the adapter of ``target`` is built around: the object the target holds, or for the
+    out-of-tree op slot (empty in vLLM) vLLM's own ``SparseAttnIndexer`` class."""
+    if target.startswith(OOT + "."):
+        return getattr(sys.modules[SAI], INDEXER_OP)
+    return current
+
+
 def _signature_error(target: str, current: Any) -> str | None:
     """None when ``current`` (the object ``target`` now holds) has vLLM 0.33.0's signature."""
-    if target.startswith(OOT + "."):
-        if current is not None:  # another plugin's out-of-tree op
-            return f"{target} already holds {current!r}"
-        current = getattr(sys.modules[SAI], INDEXER_OP).__init__
-    try:
-        params = list(inspect.signature(current).parameters.values())
-    except (TypeError, ValueError) as e:
-        return f"{target}: no signature ({e})"
-    got = tuple((p.name, p.default) for p in params)
-    kinds_ok = all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params)
-    want = SIGNATURES[target]
-    if got != want or not kinds_ok:
-        return f"{target}{inspect.signature(current)} differs from vLLM 0.33.0's"
-    return None
-
-
-def _replacement(target: str) -> Any:
-    from . import indexer_glue
-
-    _, attr = _split(target)
-    if attr == INDEXER_OP:
-        return indexer_glue.make_sparse_attn_indexer(getattr(sys.modules[SAI], INDEXER_OP))
-    return getattr(indexer_glue, attr)
+    if target.startswith(OOT + ".") and current is not None:  # another plugin's out-of-tree op
+        return f"{target} already holds {current!r}"
+    wrapped = _wrapped(target, current)
+    return signature_error(target, wrapped.__init__ if isinstance(wrapped, type) else wrapped)
 
 
 def _set(target: str, value: Any) -> None:
@@ -341,7 +215,7 @@ def _set(target: str, value: Any) -> None:
 
 
 def original(target: str) -> Any:
-    """The vLLM object ``target`` held before installation (the adapters delegate to it)."""
+    """The vLLM object ``target`` held before installation (:func:`uninstall` puts it back)."""
     return _originals[target]
 
 
@@ -371,10 +245,12 @@ def apply(plan: IndexerPlan) -> bool:
                 "; ".join(errors),
             )
             return False
+        from .indexer_adapters import build
+
         for target, current in todo:
-            _originals[target] = current
-            new = _replacement(target)
+            new = build(target, _wrapped(target, current))
             setattr(new, MARK, True)
+            _originals[target] = current
             _set(target, new)
         return True
 
