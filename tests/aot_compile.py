@@ -11,7 +11,10 @@ job's target.
 Usage: ``python aot_compile.py JOBS.json RESULTS.json``. A job is a dict with keys ``arch``
 (``"cuda:90"`` / ``"hip:gfx942"``), ``dtype``, ``fmt``, ``block_h``, ``block_n``, ``num_warps``,
 ``num_stages``, ``split``, ``rope``, ``has_counts``, ``has_bt``, ``store_lse`` and optionally
-``stage_dequant``, ``idx_ahead``, ``fp16_mma``, ``e4m3_decode``; an indexer job has ``op`` ``"indexer_paged"`` /
+``stage_dequant``, ``idx_ahead``, ``fp16_mma``, ``e4m3_decode``, ``sink`` (an attention sink) and ``extra`` (a
+second index set in the same softmax: ``"flat"`` rows, ``"paged"`` pages of another size, or
+``"bt"`` through its own block table; with counts when ``has_counts``); fmt ``fp8_ds_mla_v4``
+takes rope 0 (the V4 record is one 512-wide row in paged 584-byte records); an indexer job has ``op`` ``"indexer_paged"`` /
 ``"indexer_mqa"``, ``arch``, ``q`` (``e4m3``/``fp16``/``bf16``/``fp32``), ``heads``, ``next_n``,
 ``ctx_2d``, the ``IndexerConfig`` fields and optionally ``fp8_native`` / ``fp8_mma`` (default:
 the target's decode, e4m3 MMAs). A result holds,
@@ -38,6 +41,7 @@ try:  # Triton >= 3.5: the runtime's own specialisation
 except ImportError:  # pragma: no cover - older Triton (3.6, as on the H200)
     _native = None
 
+from triton_mla_sparse.kv_format import DS_MLA_ROW_BYTES, DS_V4_TOKEN_BYTES  # noqa: E402
 from triton_mla_sparse.ops.sparse_mla import kernels, launch  # noqa: E402
 from triton_mla_sparse.ops.sparse_mla.heuristics import Arch, KernelConfig  # noqa: E402
 from triton_mla_sparse.ops.sparse_mla.plan import make_plan  # noqa: E402
@@ -118,6 +122,43 @@ def _record_indexer(job: dict) -> list:
     return rec.calls
 
 
+# the extra set's geometry: DeepSeek-V4's compressed top-k width, and a page size unlike the
+# main cache's 64 (its own PAGE_SHIFT); through a table, blocks of another size again
+EXTRA_WIDTH = 512
+EXTRA_PAGE = 16
+EXTRA_BLOCK = 32
+
+
+def _cache(fmt: str, dtype: torch.dtype, width: int, page: int, pages: int = 32) -> torch.Tensor:
+    """A zero cache of ``pages`` pages of ``page`` rows in the format's row layout."""
+    if fmt == "fp8_ds_mla":
+        return torch.zeros(pages, page, DS_MLA_ROW_BYTES, dtype=torch.uint8)
+    if fmt == "fp8_ds_mla_v4":
+        return torch.zeros(pages, page, DS_V4_TOKEN_BYTES, dtype=torch.uint8)
+    if fmt == "fp8":
+        return torch.zeros(pages, page, width, dtype=torch.uint8)
+    return torch.zeros(pages, page, width, dtype=dtype)
+
+
+def _extra_set(job: dict, fmt: str, dtype: torch.dtype, width: int, T: int) -> dict:
+    """The job's extra index set (cache, indices, counts, block table), or {} without one."""
+    layout = job.get("extra")
+    if not layout:
+        return {}
+    if layout == "flat":
+        if fmt == "fp8_ds_mla_v4":
+            raise ValueError("a V4 record cache is paged only: extra 'paged' or 'bt'")
+        cache = _cache(fmt, dtype, width, 1, 32 * 64)[:, 0]
+    else:
+        cache = _cache(fmt, dtype, width, EXTRA_PAGE)
+    return dict(
+        cache=cache,
+        indices=torch.zeros(T, EXTRA_WIDTH, dtype=torch.int32),
+        counts=torch.zeros(T, dtype=torch.int32) if job["has_counts"] else None,
+        bt=torch.zeros(16, 32, dtype=torch.int32) if layout == "bt" else None,
+    )
+
+
 def _record(job: dict) -> list:
     """Run the launcher on CPU tensors shaped like a serving call; return the recorded calls."""
     dtype = DTYPES[job["dtype"]]
@@ -125,33 +166,30 @@ def _record(job: dict) -> list:
     T, H, L, R, W = 4, 128, 512, job["rope"], 2048
     q = torch.zeros(T, H, L + R, dtype=dtype)
     q_lat, q_rope = q[..., :L], (q[..., L:] if R else None)
-    if fmt == "fp8_ds_mla":
-        cache = torch.zeros(32, 64, 656, dtype=torch.uint8)
-    elif fmt == "fp8":
-        cache = torch.zeros(32, 64, L + R, dtype=torch.uint8)
-    else:
-        cache = torch.zeros(32, 64, L + R, dtype=dtype)
+    cache = _cache(fmt, dtype, L + R, 64)
     indices = torch.zeros(T, W, dtype=torch.int32)
     counts = torch.zeros(T, dtype=torch.int32) if job["has_counts"] else None
     bt = torch.zeros(16, 32, dtype=torch.int32) if job["has_bt"] else None
-    req = torch.zeros(T, dtype=torch.int32) if job["has_bt"] else None
+    xset = _extra_set(job, fmt, dtype, L + R, T)
+    req = torch.zeros(T, dtype=torch.int32) if job["has_bt"] or xset.get("bt") is not None else None
+    sink = torch.zeros(H, dtype=torch.float32) if job.get("sink") else None
     out = torch.zeros(T, H, L, dtype=dtype)
     lse = torch.zeros(T, H, dtype=torch.float32) if job["store_lse"] else None
-    extra = {}
+    flags = {}
     for flag in ("stage_dequant", "idx_ahead"):
         if job.get(flag):
-            extra[flag] = True
+            flags[flag] = True
     if "fp16_mma" in job:
-        extra["fp16_mma"] = job["fp16_mma"]
+        flags["fp16_mma"] = job["fp16_mma"]
     if job.get("e4m3_decode"):
-        extra["e4m3_decode"] = job["e4m3_decode"]
+        flags["e4m3_decode"] = job["e4m3_decode"]
     cfg = KernelConfig(
         job["block_h"],
         job["block_n"],
         job["num_warps"],
         job["num_stages"],
         num_splits=4 if job["split"] else 1,
-        **extra,
+        **flags,
     )
     backend, cc = job["arch"].split(":")
     arch = Arch(backend, int(cc) if backend == "cuda" else cc)  # the runtime's own flags
@@ -169,13 +207,33 @@ def _record(job: dict) -> list:
         has_counts=counts is not None,
         block_size=64 if bt is not None else None,
         store_lse=lse is not None,
+        has_sink=sink is not None,
+        extra_width=xset["indices"].shape[1] if xset else None,
+        extra_page_size=xset["cache"].shape[1] if xset and xset["cache"].dim() == 3 else 1,
+        extra_has_counts=bool(xset) and xset["counts"] is not None,
+        extra_block_size=EXTRA_BLOCK if xset.get("bt") is not None else None,
         config=cfg,
     )
     fwd = _Recorder(launch.FORWARD[plan.family])
     merge = _Recorder(kernels.sparse_mla_merge_kernel)
     launch.FORWARD[plan.family], launch.sparse_mla_merge_kernel = fwd, merge
+    extra_args = (xset["cache"], xset["indices"], xset["counts"], xset["bt"]) if xset else ()
     launch.launch_sparse_mla(
-        plan, q_lat, q_rope, cache, indices, counts, bt, req, None, 1.0, out, lse, 0.04
+        plan,
+        q_lat,
+        q_rope,
+        cache,
+        indices,
+        counts,
+        bt,
+        req,
+        None,
+        1.0,
+        out,
+        lse,
+        0.04,
+        sink,
+        *extra_args,
     )
     launch.FORWARD[plan.family], launch.sparse_mla_merge_kernel = fwd.fn, merge.fn
     assert len(fwd.calls) == 1 and len(merge.calls) == (1 if job["split"] else 0)

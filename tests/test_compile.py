@@ -13,9 +13,12 @@ more where the block size depends on the program count), too slow for CI. Measur
 five targets): shared memory does not depend on SPLIT (only the epilogue's destination changes), fp16 needs what bf16 needs, rope 64
 needs more than NoPE, and a larger head block needs more. So by default each target compiles, for
 each (dtype, format) the heuristics use, the largest head block they choose with SPLIT on and rope
-64; plus the bf16 native-format tile with SPLIT off through the block-table path and fp16 NoPE
-(6 configurations a target, 48 in all, and the step-ahead tiles where chosen; ~2 min on 2 cores). ``TMS_COMPILE_ALL=1`` compiles the
-full set (about an hour on 2 cores).
+64 (DeepSeek-V4's record: 0); plus the bf16 native-format tile with SPLIT off through the
+block-table path and fp16 NoPE; plus each kernel family's largest bf16 split tile with an extra
+index set and an attention sink (HAS_EXTRA, HAS_SINK: the latent family's extra set through its
+own block table, fp8_ds_mla's flat, the V4 record's paged, as DeepSeek-V4's decode calls it)
+(10 configurations a target, 80 in all, and the step-ahead tiles where chosen). ``TMS_COMPILE_ALL=1``
+compiles the full set (well over an hour on 2 cores).
 
 The compile runs in subprocesses with TRITON_INTERPRET removed: ``triton.jit`` chooses the
 interpreter when the kernels module is imported, and this test process has it set on CPU.
@@ -47,10 +50,11 @@ HERE = Path(__file__).resolve().parent
 FULL = os.environ.get("TMS_COMPILE_ALL", "0") == "1"
 DT_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 FORMATS_FOR = {
-    "fp16": ("auto", "fp8", "fp8_ds_mla"),
-    "bf16": ("auto", "fp8", "fp8_ds_mla"),
+    "fp16": ("auto", "fp8", "fp8_ds_mla", "fp8_ds_mla_v4"),
+    "bf16": ("auto", "fp8", "fp8_ds_mla", "fp8_ds_mla_v4"),
     "fp32": ("auto",),
 }
+V4 = "fp8_ds_mla_v4"  # DeepSeek-V4's record: one 512-wide row (rope 0), paged caches only
 
 
 def arch_name(a) -> str:
@@ -88,7 +92,19 @@ def chosen(arch) -> set[tuple]:
     return out
 
 
-def _job(arch, cfg, rope, *, has_counts=True, has_bt=False, store_lse=True) -> tuple[str, dict]:
+def _job(
+    arch,
+    cfg,
+    rope,
+    *,
+    has_counts=True,
+    has_bt=False,
+    store_lse=True,
+    extra=None,
+    sink=False,
+) -> tuple[str, dict]:
+    """One job; ``extra`` ("flat", "paged", "bt") adds a second index set (aot_compile.py's
+    layouts; its counts follow ``has_counts``), ``sink`` an attention sink."""
     bh, bn, nw, ns, dt, fmt, split, stage, ahead, fp16_mma = cfg
     job = dict(
         stage_dequant=stage,
@@ -116,29 +132,50 @@ def _job(arch, cfg, rope, *, has_counts=True, has_bt=False, store_lse=True) -> t
         key += "-qdtype-mma"
     if has_bt:
         key += "-blocktable"
+    if extra:
+        job["extra"] = extra
+        key += f"-extra{extra}"
+    if sink:
+        job["sink"] = True
+        key += "-sink"
     return key, job
 
 
 def make_jobs() -> dict[str, dict]:
     """Full mode: every chosen configuration x rope 64/0, serving flags (physical indices and
-    valid counts, as vLLM calls it; LSE stored). Default mode, per target: for each (dtype,
-    format) the largest head block the heuristics choose, SPLIT on, rope 64; plus the bf16
-    native-format tile with SPLIT off through the block-table path (no counts, no LSE) and
-    fp16 NoPE (rope 0); plus the largest tile that loads indices a step ahead, where chosen."""
+    valid counts, as vLLM calls it; LSE stored), and each again with an extra index set and a
+    sink (fp8_ds_mla_v4: rope 0 only, without and with a paged extra set, as DeepSeek-V4's
+    decode). Default mode, per target: for each (dtype, format) the largest head block the
+    heuristics choose, SPLIT on, rope 64 (V4: 0); plus the bf16 native-format tile with SPLIT
+    off through the block-table path (no counts, no LSE) and fp16 NoPE (rope 0); plus the
+    largest tile that loads indices a step ahead, where chosen; plus, per kernel family, the
+    bf16 largest split tile with an extra index set and a sink (latent: the extra set through
+    its own block table; fp8_ds_mla: flat; V4: paged), counts on both sets."""
     jobs = {}
     for arch in TARGETS:
         cfgs = sorted(chosen(arch))
         if FULL:
             for cfg in cfgs:
+                if cfg[5] == V4:
+                    for extra in (None, "paged"):
+                        k, j = _job(arch, cfg, 0, extra=extra, sink=True)
+                        jobs[k] = j
+                    continue
                 for rope in (64, 0):
                     k, j = _job(arch, cfg, rope)
                     jobs[k] = j
+                k, j = _job(arch, cfg, 64, extra="flat", sink=True)
+                jobs[k] = j
             continue
         for dt, fmt in sorted({(c[4], c[5]) for c in cfgs}):
             if dt == "fp16":
                 continue  # the same tiles as bf16 (identical shared memory, measured)
             biggest = max(c for c in cfgs if c[4:6] == (dt, fmt) and c[6])
-            k, j = _job(arch, biggest, 64)
+            k, j = _job(arch, biggest, 0 if fmt == V4 else 64)
+            jobs[k] = j
+        for fmt, extra in (("auto", "bt"), ("fp8_ds_mla", "flat"), (V4, "paged")):
+            biggest = max(c for c in cfgs if c[4:6] == ("bf16", fmt) and c[6])
+            k, j = _job(arch, biggest, 0 if fmt == V4 else 64, extra=extra, sink=True)
             jobs[k] = j
         # the block-table path never loads indices ahead (choose_config(block_table=True))
         big = max(c for c in cfgs if c[4:6] == ("bf16", "auto") and not c[6] and not c[8])
@@ -303,7 +340,12 @@ def test_job_set_covers_every_target_and_format():
     """The default set still covers each target with every format and both SPLIT values."""
     for a in TARGETS:
         mine = [j for j in JOBS.values() if j["arch"] == arch_name(a) and "op" not in j]
-        assert {j["fmt"] for j in mine} == {"auto", "fp8", "fp8_ds_mla"}
+        assert {j["fmt"] for j in mine} == {"auto", "fp8", "fp8_ds_mla", V4}
+        # every kernel family also with a second index set (HAS_EXTRA) and a sink
+        assert {FAMILY_OF[j["fmt"]] for j in mine if j.get("extra") and j.get("sink")} == set(
+            FAMILY_OF.values()
+        )
+        assert all(j["rope"] == 0 for j in mine if j["fmt"] == V4)
         assert {j["split"] for j in mine} == {True, False}
         assert {j["dtype"] for j in mine} == {"fp16", "bf16", "fp32"}
         ind = [j for j in JOBS.values() if j["arch"] == arch_name(a) and "op" in j]

@@ -206,7 +206,9 @@ def test_prepare_call_rejects_bad_input():
         flashmla.prepare_call(fake, q[..., :512], kv, idx, 0.1, "auto")
     with pytest.raises(ValueError, match=r"indices must be \[T, W\] with T = 2"):
         flashmla.prepare_call(fake, q, kv, idx[:1], 0.1, "auto")
-    with pytest.raises(ValueError, match="kv_format must be 'auto' or 'fp8_ds_mla'"):
+    with pytest.raises(
+        ValueError, match="kv_format must be 'auto', 'fp8_ds_mla' or 'fp8_ds_mla_v4'"
+    ):
         flashmla.prepare_call(fake, q, kv, idx, 0.1, "fp8")
     with pytest.raises(TypeError, match="a bf16 .* kv_cache must be torch.bfloat16"):
         flashmla.prepare_call(fake, q, kv.half(), idx, 0.1, "auto")

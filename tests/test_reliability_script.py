@@ -47,6 +47,8 @@ def _run(args: list[str], interpret: bool = True, timeout: int = 120):
     )
 
 
+SMOKE_TIMEOUT_S = 300  # a smoke subprocess: enumeration plus a few interpreted cases
+
 # The smoke run is Triton's interpreter by design (also on a GPU machine, where it is handed CPU
 # tensors); an interpreter that cannot run with the installed NumPy is refused by name.
 needs_interpreter = pytest.mark.skipif(
@@ -57,7 +59,7 @@ needs_interpreter = pytest.mark.skipif(
 @needs_interpreter
 def test_smoke_passes(tmp_path):
     log = tmp_path / "smoke.json"
-    p = _run([SCRIPT, "--smoke", "--max-cases", "6", "--log", str(log)])
+    p = _run([SCRIPT, "--smoke", "--max-cases", "6", "--log", str(log)], timeout=SMOKE_TIMEOUT_S)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "RESULT: PASS: 6 cases, 0 failed" in p.stdout
     assert p.stdout.rstrip().splitlines()[-1].startswith("RESULT: PASS")  # the table is last
@@ -73,7 +75,8 @@ def test_smoke_passes(tmp_path):
 
 
 # A sparse_mla that drops valid_counts (reads garbage past the count: decoy rows, NaN) or turns
-# -1 block-table entries into block 1 (reads rows no index selects).
+# -1 block-table entries into block 1 (reads rows no index selects), or does either to the
+# extra set's.
 _BROKEN = """
 import os, sys
 sys.path.insert(0, {bench!r})
@@ -82,6 +85,11 @@ orig = itf.sparse_mla
 def broken(*a, **k):
     if {mode!r} == "counts":
         k.pop("valid_counts", None)
+    elif {mode!r} == "extra_counts":
+        k.pop("extra_valid_counts", None)
+    elif {mode!r} == "extra_block_table":
+        if "extra_block_table" in k:  # (the selection's dry runs call it for every kind)
+            k["extra_block_table"] = k["extra_block_table"].abs()
     elif "block_table" in k:
         k["block_table"] = k["block_table"].abs()
     return orig(*a, **k)
@@ -92,11 +100,22 @@ sys.exit(reliability.main({args!r}))
 
 
 @needs_interpreter
-@pytest.mark.parametrize("mode", ["counts", "block_table"])
-def test_smoke_catches_a_broken_kernel(mode):
-    args = ["--smoke", "--only", "cnt", "--only", "bt", "--only", "fp32", "--max-cases", "2"]
+@pytest.mark.parametrize(
+    "mode,only",
+    [
+        ("counts", "fp32"),
+        ("block_table", "fp32"),
+        ("counts", "v4sink"),  # decoy slots of the V4 record poisoned, data and scale rows
+        ("extra_counts", "extrabt-fp16"),
+        ("extra_block_table", "extrabt-fp16"),
+        ("extra_counts", "v4extra"),
+    ],
+)
+def test_smoke_catches_a_broken_kernel(mode, only):
+    args = ["--smoke", "--only", "cnt", "--only", "bt", "--only", only, "--max-cases", "2"]
     code = _BROKEN.format(bench=BENCH, mode=mode, args=args)
-    p = _run(["-c", code])
+    # the V4 record's 64-head tiles take tens of seconds under the interpreter
+    p = _run(["-c", code], timeout=SMOKE_TIMEOUT_S)
     assert p.returncode == 1, p.stdout[-3000:] + p.stderr[-3000:]
     assert "RESULT: FAIL" in p.stdout
     assert "non-finite outputs" in p.stdout or "relative error" in p.stdout
@@ -129,8 +148,20 @@ def test_list_enumerates_the_sm90_variants():
         " T4096 ",
         " W1152 ",
         "HAS_SINK=True",
+        "fwd ds_mla_v4 ",
+        "HAS_EXTRA=True",
+        "EXTRA_HAS_COUNTS=True",
+        "EXTRA_HAS_BT=True",
+        "EXTRA_PAGE_SHIFT=0",  # a flat extra cache
+        "EXTRA_PAGE_SHIFT=4",  # pages of 16 rows, unlike the main cache's 64
+        " W128+512 ",  # DeepSeek-V4's decode: a 128-wide window and a compressed top-k of 512
     ):
         assert feature in text, feature
+    # the extra set split and unsplit, in each kernel family
+    for family in ("latent", "ds_mla", "ds_mla_v4"):
+        for split in (True, False):
+            want = (f"fwd {family} ", "HAS_EXTRA=True", f"SPLIT={split}")
+            assert any(all(w in x for w in want) for x in fwd), (family, split)
     # tools/gpu_check.py cuts this list into parts: its count must be the list's
     sys.path.insert(0, os.path.join(ROOT, "tools"))
     try:
@@ -298,3 +329,96 @@ def test_log_goes_to_out_dir_only_when_asked(tmp_path):
     assert path == str(tmp_path / "reliability-sanitize-shard1of4.json")
     args = rel._parse(["--out", str(tmp_path), "--log", str(tmp_path / "x.json")])
     assert rel._log_path(args) == str(tmp_path / "x.json")
+
+
+def _v4_case(rel, layout="bt"):
+    kind = rel.Kind(
+        "v4extra-fp16", torch.float16, "fp8_ds_mla_v4", rope=0, sink=True, extra="paged"
+    )
+    case = rel.Case(kind, 8, 3, 100, layout, True, True, XW=37)
+    return case, case.config(rel.heuristics.Arch("cuda", 90, 132))
+
+
+@pytest.mark.parametrize("layout", ["paged", "bt"])
+def test_v4_record_poisoning(layout):
+    """A V4 record cache's slots that no valid index reaches are 0xFF in their data row and in
+    their scale row (a page holds its data rows, then its scale rows), every pad byte is 0xFF,
+    and so are vLLM's page padding and the neighbouring layers; the slots indexed decode as in
+    the clean cache. Main and extra set alike."""
+    from triton_mla_sparse.kv_format import (
+        DS_V4_DATA_BYTES,
+        DS_V4_NOPE,
+        DS_V4_NUM_SCALES,
+        DS_V4_SCALE_BYTES,
+        DS_V4_TOKEN_BYTES,
+        ds_mla_v4_pages,
+        unpack_fp8_ds_mla_v4,
+    )
+
+    rel = _reliability()
+    case, cfg = _v4_case(rel, layout)
+    inp = rel.make_case_inputs(case, cfg)
+    sets = [(inp.cache, inp.geo, inp.ind), (inp.xcache, inp.xgeo, inp.xind)]
+    for cache, geo, ind in sets:
+        big, view = rel.poisoned_cache(cache, geo, ind, kv_format="fp8_ds_mla_v4")
+        kc = ds_mla_v4_pages(view(big))  # the kernel's stride rules hold
+        assert kc.stride(0) > geo.page * DS_V4_TOKEN_BYTES  # pages further apart than packed
+        rows, valid = rel.physical_rows(
+            ind["indices"],
+            geo.num_rows,
+            ind.get("valid_counts"),
+            ind.get("block_table"),
+            ind.get("req_ids"),
+            ind.get("block_size"),
+        )
+        used = torch.zeros(geo.num_rows, dtype=torch.bool)
+        used[rows[valid]] = True
+        assert used.any() and (~used).any()
+        clean, got = unpack_fp8_ds_mla_v4(cache), unpack_fp8_ds_mla_v4(kc)
+        assert torch.equal(got[used], clean[used]) and torch.isfinite(clean).all()
+        assert torch.isnan(got[~used][:, :DS_V4_NOPE]).all()
+        page_bytes = geo.page * DS_V4_TOKEN_BYTES
+        assert (big[:, 0] == 0xFF).all() and (big[:, 2] == 0xFF).all()
+        assert (big[:, 1, page_bytes:] == 0xFF).all()  # vLLM's padding after each page
+        pages = big[:, 1, :page_bytes]
+        data = pages[:, : geo.page * DS_V4_DATA_BYTES].reshape(-1, DS_V4_DATA_BYTES)
+        scales = pages[:, geo.page * DS_V4_DATA_BYTES :].reshape(-1, DS_V4_SCALE_BYTES)
+        assert (data[~used] == 0xFF).all() and (scales[~used] == 0xFF).all()
+        assert (scales[:, DS_V4_NUM_SCALES] == 0xFF).all()
+        assert not (scales[used, :DS_V4_NUM_SCALES] == 0xFF).any()
+
+
+def test_extra_set_inputs():
+    """The extra set's adversarial content: its own geometry and page size, request ids shared
+    with the main block table, patterns and counts shifted against the main set's (a token with
+    nothing in one set and everything in the other, both ways, and one with nothing in either)."""
+    rel = _reliability()
+    case, cfg = _v4_case(rel, "bt")
+    inp = rel.make_case_inputs(case, cfg)
+    ind, xind = inp.ind, inp.xind
+    assert inp.xgeo.page == rel.EXTRA_PAGE != inp.geo.page
+    assert xind["indices"].shape == (case.T, case.XW)
+    assert ind["req_ids"] is xind["req_ids"] and "block_table" not in xind  # "paged": no table
+
+    def valid(i, geo):
+        return rel.physical_rows(
+            i["indices"],
+            geo.num_rows,
+            i.get("valid_counts"),
+            i.get("block_table"),
+            i.get("req_ids"),
+            i.get("block_size"),
+        )[1].sum(dim=1)
+
+    n, xn = valid(ind, inp.geo), valid(xind, inp.xgeo)
+    assert n[1] == 0 and xn[1] > 0
+    assert n[2] > 0 and xn[2] == 0
+    assert n[3] == 0 and xn[3] == 0
+    assert (n + xn)[[0, 4, 5, 6, 7]].min() > 0
+    # the extra set through its own block table: the call's request ids serve both tables
+    kind = dataclasses.replace(case.kind, name="extrabt-fp16", kv_format="auto", extra="bt")
+    kind = dataclasses.replace(kind, rope=64, sink=False)
+    flat_main = rel.Case(kind, 8, 3, 100, "flat", True, True, XW=37)
+    inp = rel.make_case_inputs(flat_main, flat_main.config(rel.heuristics.Arch("cuda", 90, 132)))
+    assert "block_table" not in inp.ind and inp.ind["req_ids"] is inp.xind["req_ids"]
+    assert inp.xind["block_size"] == rel.EXTRA_PAGE

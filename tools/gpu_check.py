@@ -47,8 +47,10 @@ STEP_LIMIT_S = 570  # every step, and so every part, ends inside a 10-minute win
 # order (`reliability.py --suite sanitize --list` on sm90; tests/test_reliability_script.py keeps
 # SANITIZE_CASES equal to it). Sized from measured rates on an H200 with 16 cores: compiles ~200 s
 # on a fresh cache; memcheck ~2 cases/s, initcheck ~2.3/s, racecheck ~0.65/s on 16 shards.
+# 1673 cases since the extra-set and DeepSeek-V4 record kinds: four memcheck, four initcheck and
+# seven racecheck parts of these sizes.
 SANITIZE_SLICES = {"memcheck": 522, "initcheck": 522, "racecheck": 261}
-SANITIZE_CASES = 1221
+SANITIZE_CASES = 1673
 EMULATE_SLICE = 350
 EMULATE_CASES = {80: 694, 86: 380, 89: 380}
 

@@ -5,7 +5,9 @@ Suites (``--suite``):
 - ``sanitize`` (default): every distinct compiled variant of the kernels that the heuristics choose
   on this GPU (all formats; decode T 1..128 x H 1..128 at widths 2048/1152/100/1; prefill T 512 at
   H 16 and T 4096 at H 16/64/128; with and without valid_counts, block tables, return_lse; forced
-  integer e4m3 decode; NoPE; paged caches with power-of-two and other page sizes), each run once
+  integer e4m3 decode; NoPE; paged caches with power-of-two and other page sizes; an attention
+  sink; a second index set in the same softmax, flat or through its own block table; DeepSeek-V4's
+  584-byte record, alone and with a second set, paged only), each run once
   with the smallest shape that selects it and adversarial index content, checked against the
   reference. Meant to run under compute-sanitizer (memcheck, racecheck, initcheck; driver:
   benchmarks/reliability/sanitize.sh) and without it.
@@ -80,7 +82,21 @@ DECODE_H = (1, 8, 16, 24, 32, 48, 64, 96, 128)
 WIDTHS = (2048, 1152, 100, 1)
 # prefill: a 512-token chunk (the smallest shape of the prefill-only tiles) and T 4096
 PREFILL = ((512, 16, 2048),) + tuple((4096, h, 2048) for h in (16, 64, 128))
+# the extra index set (a second cache in the same softmax): its own layouts, with a page size
+# unlike the main cache's so that the two page shifts cannot stand in for each other
+EXTRA_PAGE = 16
+EXTRA_LAYOUTS = {
+    "flat": dict(page=None, bs=None),  # [N2, C] rows
+    "paged": dict(page=EXTRA_PAGE, bs=None),  # paged, flat logical indices (DeepSeek-V4's)
+    "bt": dict(page=EXTRA_PAGE, bs=EXTRA_PAGE),  # paged + its own block table
+}
+# (main width, extra width): DeepSeek-V4's decode (a 128-token sliding window and a compressed
+# top-k of 512), a long main set, widths that are not whole gather steps, one entry each
+EXTRA_WIDTHS = ((128, 512), (2048, 512), (100, 37), (1, 1))
+PREFILL_EXTRA_W = 512
+V4_LAYOUTS = ("paged", "bt")  # the V4 record is paged only (a page's scale rows follow its data)
 SMOKE_T, SMOKE_H, SMOKE_W = (1, 8), (1, 16, 24, 64), (1, 40, 100)
+SMOKE_EXTRA_WIDTHS = ((40, 24), (1, 1))
 GRAPH_T, GRAPH_H, GRAPH_W = (1, 4, 16, 64, 128), (8, 16, 64, 128), 2048
 GRAPH_REPLAYS = 3
 
@@ -201,9 +217,10 @@ def _imports() -> None:
     """Import torch and the package into module globals (after _setup_env)."""
     global torch, sparse_mla, sparse_mla_reference, physical_rows, heuristics, launch_mod
     global choose_config, split_len_for, config_label, pack_fp8_ds_mla, quantize_fp8, KernelConfig
-    global compare_sparse_mla, reference_dtype, sparse_mla_tolerance
+    global kv_format_mod, compare_sparse_mla, reference_dtype, sparse_mla_tolerance
     import torch
 
+    from triton_mla_sparse import kv_format as kv_format_mod
     from triton_mla_sparse.bench import config_label
     from triton_mla_sparse.kv_format import pack_fp8_ds_mla, quantize_fp8
     from triton_mla_sparse.ops.sparse_mla import heuristics
@@ -246,10 +263,15 @@ class Kind:
     rope: int = ROPE
     latent: int = L  # kv_lora_rank
     sink: bool = False  # a per-head attention sink (attn_sink)
+    extra: str | None = None  # a second index set in the extra cache laid out as EXTRA_LAYOUTS
 
     @property
     def width(self) -> int:
         return self.latent + self.rope
+
+    @property
+    def v4(self) -> bool:
+        return self.kv_format == "fp8_ds_mla_v4"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -259,13 +281,22 @@ class Case:
     H: int
     W: int
     layout: str = "flat"
-    counts: bool = False
+    counts: bool = False  # valid_counts (on both sets when there is an extra set)
     lse: bool = False
+    XW: int = 0  # the extra set's width (0: none)
 
     @property
     def name(self) -> str:
         flags = self.layout + (" cnt" if self.counts else "") + (" lse" if self.lse else "")
-        return f"{self.kind.name} T{self.T} H{self.H} W{self.W} {flags}"
+        xw = f"+{self.XW}" if self.XW else ""
+        return f"{self.kind.name} T{self.T} H{self.H} W{self.W}{xw} {flags}"
+
+    def positions(self, cfg: KernelConfig) -> int:
+        """Gather positions the splits divide: the main width, then (with an extra set) its
+        width from the main width rounded up to whole gather steps (plan.ExtraPlan)."""
+        if not self.XW:
+            return self.W
+        return -(-self.W // cfg.block_n) * cfg.block_n + self.XW
 
     @property
     def sampled(self) -> bool:
@@ -274,8 +305,9 @@ class Case:
     def config(self, arch) -> KernelConfig:
         """The heuristic's configuration (with the forced e4m3 decode where the kind says)."""
         kw = {"block_table": True} if LAYOUTS[self.layout]["bs"] and _CHOOSE_BT else {}
+        # with an extra set the heuristic sees both sets as one list (plan.make_plan)
         cfg = choose_config(
-            self.T, self.H, self.W, self.kind.dtype, self.kind.kv_format, arch, **kw
+            self.T, self.H, self.W + self.XW, self.kind.dtype, self.kind.kv_format, arch, **kw
         )
         if self.kind.native is False:
             cfg = dataclasses.replace(cfg, fp8_native=False)
@@ -318,14 +350,32 @@ def make_kinds(args: argparse.Namespace, arch) -> list[Kind]:
             Kind(f"sink-{names[0]}", dt[names[0]], "auto", sink=True),
             Kind(f"dsmlasink-{q8n}", q8, "fp8_ds_mla", sink=True),
         ]
+        # the extra index set, flat and through its own block table (the main set in every
+        # layout of flag_sets), counts on both sets with the case's counts
+        kinds += [
+            Kind(f"extra-{names[0]}", dt[names[0]], "auto", extra="flat"),
+            Kind(f"extrabt-{names[0]}", dt[names[0]], "auto", extra="bt"),
+            Kind(f"dsmlaextra-{q8n}", q8, "fp8_ds_mla", extra="flat"),
+            Kind(f"dsmlaextrabt-{q8n}", q8, "fp8_ds_mla", extra="bt"),
+        ]
+        # DeepSeek-V4's record (q and value 512 wide, no separate rope) with its sink: the main
+        # set alone, and main + a paged extra set (the sliding-window and compressed caches)
+        v4 = dict(rope=0, latent=L, sink=True)
+        kinds += [
+            Kind(f"v4sink-{q8n}", q8, "fp8_ds_mla_v4", **v4),
+            Kind(f"v4extra-{q8n}", q8, "fp8_ds_mla_v4", extra="paged", **v4),
+        ]
     return kinds
 
 
-def flag_sets() -> list[tuple[str, bool, bool]]:
+def flag_sets(kind: Kind | None = None) -> list[tuple[str, bool, bool]]:
     """(layout, counts, lse): flat and block table crossed with counts and LSE; the other paged
-    layouts once each (with counts and LSE)."""
-    sets = [(lay, c, s) for lay in ("flat", "bt") for c in (False, True) for s in (False, True)]
-    return sets + [("paged", True, True), ("bt48", True, True)]
+    layouts once each (with counts and LSE). The V4 record has no flat layout: paged in its
+    place."""
+    first = V4_LAYOUTS if kind is not None and kind.v4 else ("flat", "bt")
+    sets = [(lay, c, s) for lay in first for c in (False, True) for s in (False, True)]
+    rest = [lay for lay in ("paged", "bt48") if lay not in first]
+    return sets + [(lay, True, True) for lay in rest]
 
 
 def candidate_cases(args: argparse.Namespace, kinds: list[Kind]) -> list[Case]:
@@ -340,18 +390,30 @@ def candidate_cases(args: argparse.Namespace, kinds: list[Kind]) -> list[Case]:
         ]
     if args.smoke:
         shapes = [(t, h, w) for t in SMOKE_T for h in SMOKE_H for w in SMOKE_W]
+        extra_shapes = [
+            (t, h, w, x) for t in SMOKE_T for h in SMOKE_H for w, x in SMOKE_EXTRA_WIDTHS
+        ]
     else:
         shapes = [(t, h, w) for t in DECODE_T for h in DECODE_H for w in WIDTHS] + list(PREFILL)
+        extra_shapes = [
+            (t, h, w, x) for t in DECODE_T for h in DECODE_H for w, x in EXTRA_WIDTHS
+        ] + [(t, h, w, PREFILL_EXTRA_W) for (t, h, w) in PREFILL]
     # narrow latent widths (no DSA model's) only need split and unsplit tiles of each head
     # block, flat and through a block table
     narrow = [(t, h, w) for (t, h, w) in shapes if t in (1, 128) and w in (1, 2048)]
     narrow_flags = [("flat", True, True), ("bt", True, True)]
     wide = lambda k: k.latent == L or args.smoke  # noqa: E731
+
+    def kind_shapes(k: Kind) -> list[tuple[int, int, int, int]]:
+        if k.extra:
+            return extra_shapes
+        return [(t, h, w, 0) for (t, h, w) in (shapes if wide(k) else narrow)]
+
     return [
-        Case(k, t, h, w, *flags)
+        Case(k, t, h, w, *flags, XW=x)
         for k in kinds
-        for (t, h, w) in (shapes if wide(k) else narrow)
-        for flags in (flag_sets() if wide(k) else narrow_flags)
+        for (t, h, w, x) in kind_shapes(k)
+        for flags in (flag_sets(k) if wide(k) else narrow_flags)
     ]
 
 
@@ -441,12 +503,21 @@ def _zeros(shape: tuple, dtype, device) -> Any:
     return _ZEROS[key]
 
 
+def _row_bytes(k: Kind) -> int:
+    """The last dimension of the kind's cache."""
+    fixed = {
+        "fp8_ds_mla": kv_format_mod.DS_MLA_ROW_BYTES,
+        "fp8_ds_mla_v4": kv_format_mod.DS_V4_TOKEN_BYTES,
+    }
+    return fixed.get(k.kv_format, k.width)
+
+
 def dry_run(case: Case, device, arch) -> tuple[str, str | None]:
     """The variant keys of a case, from the launcher with recording kernels (nothing launches;
     inputs are expanded views of tiny tensors, since only shapes, dtypes and flags matter)."""
     k, T, H, W = case.kind, case.T, case.H, case.W
     lay = LAYOUTS[case.layout]
-    c = 656 if k.kv_format == "fp8_ds_mla" else k.width
+    c = _row_bytes(k)
     cdt = k.dtype if k.kv_format == "auto" else torch.uint8
     cache = _zeros((2, lay["page"], c) if lay["page"] else (8, c), cdt, device)
     q = _zeros((1, 1, k.width), k.dtype, device).expand(T, H, k.width)
@@ -465,6 +536,16 @@ def dry_run(case: Case, device, arch) -> tuple[str, str | None]:
         kw["k_scale"] = 1.0
     if k.sink:
         kw["attn_sink"] = _zeros((1,), torch.float32, device).expand(H)
+    if case.XW:
+        xlay = EXTRA_LAYOUTS[k.extra]
+        xshape = (3, xlay["page"], c) if xlay["page"] else (9, c)  # unlike the main cache's
+        kw["extra_kv_cache"] = _zeros(xshape, cdt, device)
+        kw["extra_indices"] = _zeros((1, 1), i32, device).expand(T, case.XW)
+        if case.counts:
+            kw["extra_valid_counts"] = _zeros((1,), i32, device).expand(T)
+        if xlay["bs"]:
+            kw.update(extra_block_table=_zeros((1, 5), i32, device), extra_block_size=xlay["bs"])
+            kw["req_ids"] = _zeros((1,), i32, device).expand(T)
     with tap_mode("record") as taps:
         sparse_mla(q, cache, _zeros((1, 1), i32, device).expand(T, W), 0.05, **kw)
         return variant_keys(taps)
@@ -477,7 +558,8 @@ def dry_run(case: Case, device, arch) -> tuple[str, str | None]:
 def _score(c: Case) -> tuple:
     # prefer room for adversarial content (8 tokens take every token pattern and most count
     # values; 64 index slots), then the cheapest shape
-    return (-min(c.T, 8), -min(c.T * c.W, 64), c.T * c.H * c.W, c.T, c.H, c.W, c.name)
+    w = c.W + c.XW
+    return (-min(c.T, 8), -min(c.T * w, 64), c.T * c.H * w, c.T, c.H, w, c.name)
 
 
 def _features(c: Case, cfg: KernelConfig, keys: tuple[str, str | None]) -> set:
@@ -519,7 +601,7 @@ def select(cases: list[Case], device, arch, all_shapes: bool) -> tuple[list[Case
     cfgs = {}
     for c in cases:
         cfg = c.config(arch)
-        splits = split_len_for(c.W, cfg.num_splits, cfg.block_n)[1]
+        splits = split_len_for(c.positions(cfg), cfg.num_splits, cfg.block_n)[1]
         cfgs[c] = cfg
         # the constexprs depend on the shape only through the configuration and the split count
         key = (c.kind, c.layout, c.counts, c.lse, dataclasses.replace(cfg, num_splits=1), splits)
@@ -603,9 +685,10 @@ class Geometry:
         return self.num_rows // self.page if self.page else 0
 
 
-def geometry(case: Case) -> Geometry:
-    lay = LAYOUTS[case.layout]
-    n_sel = max(2 * case.W, 128)
+def geometry(case: Case, extra: bool = False) -> Geometry:
+    """The main set's cache and index space, or (``extra``) the extra set's."""
+    lay = EXTRA_LAYOUTS[case.kind.extra] if extra else LAYOUTS[case.layout]
+    n_sel = max(2 * (case.XW if extra else case.W), 128)
     if lay["bs"]:
         bs = lay["bs"]
         reqs = min(case.T, 3)
@@ -631,15 +714,34 @@ def _gen(case: Case, seed: int):
 MIXED, HOLE, EMPTY, ALL_BAD, DUPS, CLEAN = range(6)
 _FIRST = (MIXED, EMPTY, HOLE, ALL_BAD, DUPS, CLEAN)
 _CYCLE = (MIXED, HOLE, CLEAN, DUPS, EMPTY, ALL_BAD)
+# the extra set's patterns for the same tokens: token 1 has nothing in the main set and all of
+# its extra set, token 2 the other way round, token 3 nothing valid in either (zeros, LSE -inf)
+_FIRST_EXTRA = (MIXED, CLEAN, EMPTY, ALL_BAD, HOLE, DUPS)
+_CYCLE_EXTRA_SHIFT = 3  # later tokens: _CYCLE shifted, so a set's empty token has the other's
+# the count cycle, shifted likewise: where the main count is 0 or -1 (tokens 1, 5) the extra
+# set's is W + 3 or 3W/4, and the reverse (tokens 3, 6): no token is emptied by both counts
+_COUNTS_EXTRA_SHIFT = 2
 
 
-def build_indices(case: Case, cfg: KernelConfig, geo: Geometry, g) -> dict:
+def build_indices(case: Case, cfg: KernelConfig, geo: Geometry, g, extra: bool = False) -> dict:
     """CPU int32 indices [T, W] (and valid_counts, block table, request ids): per token one of
     the patterns above; the mixed one has a leading -1 run longer than a gather step, a trailing
     run, a whole split of -1 (when there are 3+ splits), N, N+k, INT_MIN, INT_MAX and -2
-    sprinkled in, and duplicates. Garbage past valid_counts points at decoy rows (NaN)."""
-    T, W = case.T, case.W
-    split_len, num_splits = split_len_for(W, cfg.num_splits, cfg.block_n)
+    sprinkled in, and duplicates. Garbage past valid_counts points at decoy rows (NaN).
+    ``extra``: the extra set's [T, XW] (its splits are those of the gather positions it takes
+    after the main set's, its patterns and counts shifted against the main set's)."""
+    T = case.T
+    W = case.XW if extra else case.W
+    split_len, num_splits = split_len_for(case.positions(cfg), cfg.num_splits, cfg.block_n)
+    # where this set's entries stand among the gather positions the splits divide
+    start = case.positions(cfg) - case.XW if extra else 0
+
+    def split_cols(k: int) -> slice:  # this set's columns in split k (may be empty)
+        lo = min(max(k * split_len - start, 0), W)
+        return slice(lo, min(max((k + 1) * split_len - start, 0), W))
+
+    first, cycle_shift = (_FIRST_EXTRA, _CYCLE_EXTRA_SHIFT) if extra else (_FIRST, 0)
+    count_shift = _COUNTS_EXTRA_SHIFT if extra else 0
     perm = torch.randperm(geo.n_sel, generator=g)[:W]
     shift = torch.randint(0, geo.n_sel, (T, 1), generator=g)
     idx = (perm[None, :] + shift) % geo.n_sel  # distinct within a token
@@ -673,7 +775,7 @@ def build_indices(case: Case, cfg: KernelConfig, geo: Geometry, g) -> dict:
 
     pattern = torch.tensor(
         [
-            _FIRST[t] if t < len(_FIRST) else _CYCLE[(t - len(_FIRST)) % len(_CYCLE)]
+            first[t] if t < len(first) else _CYCLE[(t - len(first) + cycle_shift) % len(_CYCLE)]
             for t in range(T)
         ]
     )
@@ -691,13 +793,13 @@ def build_indices(case: Case, cfg: KernelConfig, geo: Geometry, g) -> dict:
             cols = torch.arange(lead + 3, max(lead + 3, W - trail), 11)
             rows[:, cols] = dup
             if num_splits >= 3:
-                rows[:, split_len : 2 * split_len] = -1  # a whole split
+                rows[:, split_cols(1)] = -1  # a whole split (this set's part of it)
             rows[:, :lead] = -1
             if trail:
                 rows[:, W - trail :] = -1
         elif p == HOLE:
-            if num_splits >= 2:
-                rows[:, split_len : 2 * split_len] = -1
+            if num_splits >= 2 and split_cols(1).stop > split_cols(1).start:
+                rows[:, split_cols(1)] = -1
             else:
                 rows[:, W // 3 : W // 3 + max(1, W // 3)] = -1
             rows[:, -1] = bad_t[5]
@@ -714,7 +816,9 @@ def build_indices(case: Case, cfg: KernelConfig, geo: Geometry, g) -> dict:
     if case.counts:
         cut, cut2 = max(1, 3 * W // 4), max(1, W // 2)
         cycle = (cut, 0, W, W + 3, I32_MAX, -1, cut2)
-        counts = torch.tensor([cycle[t % len(cycle)] for t in range(T)], dtype=torch.int64)
+        counts = torch.tensor(
+            [cycle[(t + count_shift) % len(cycle)] for t in range(T)], dtype=torch.int64
+        )
         for value in set(cycle):
             c = max(0, min(value, W))
             sel = (counts == value).nonzero()[:, 0]
@@ -728,17 +832,23 @@ def build_indices(case: Case, cfg: KernelConfig, geo: Geometry, g) -> dict:
     return out
 
 
-def build_cache(case: Case, geo: Geometry, g) -> dict:
+def build_cache(case: Case, geo: Geometry, g, extra: bool = False) -> dict:
     """CPU cache in the case's format, flat [N, C] or paged [nb, page, C] (clean), the float
-    rows it holds, and the format's keyword arguments."""
+    rows it holds, and the format's keyword arguments (``extra``: the extra set's cache, in the
+    same format; no keyword arguments of its own)."""
     k = case.kind
     rows = torch.randn(geo.num_rows, k.width, generator=g)
     rows[::5] *= 3.0  # rows of larger logits: running-max jumps
     rows[1:3, 256:384] = 0.0  # an all-zero 128-group (fp8_ds_mla: scale 0 must decode to 0)
     fkw: dict[str, Any] = {"kv_format": k.kv_format}
-    if k.kv_format == "auto":
+    if k.v4:
+        # vLLM's layout: pages of geo.page records at its padded page stride (paged already)
+        cache = kv_format_mod.pack_fp8_ds_mla_v4(rows, geo.page)
+    elif k.kv_format == "auto":
         cache = rows.to(k.dtype)
     elif k.kv_format == "fp8":
+        if extra:  # the call's one k_scale serves both caches: no fp8 extra kinds
+            raise ValueError(f"{k.name}: an extra set in per-tensor fp8 has no kind here")
         q8, scale = quantize_fp8(rows)
         cache = q8.view(torch.uint8)
         fkw["k_scale"] = scale if k.scale == "float" else torch.tensor([scale])
@@ -746,9 +856,9 @@ def build_cache(case: Case, geo: Geometry, g) -> dict:
         full = rows if k.rope else torch.cat([rows, torch.zeros_like(rows[:, :ROPE])], dim=1)
         fmt = "fp32" if int(torch.randint(0, 2, (1,), generator=g)) else "pow2"
         cache = pack_fp8_ds_mla(full, fmt)
-    if geo.page:
+    if geo.page and not k.v4:
         cache = cache.view(geo.num_blocks, geo.page, cache.shape[-1])
-    if k.sink:
+    if k.sink and not extra:
         # around the logits' scale, one head -inf (no sink) and one +inf (zero output)
         sink = torch.randn(case.H, generator=g) * 2.0
         if case.H >= 3:
@@ -761,10 +871,11 @@ def _fill(x):
     return 0xFF if x.dtype == torch.uint8 else float("nan")
 
 
-def poisoned_cache(cache, geo: Geometry, ind: dict, layers: int = 3):
+def poisoned_cache(cache, geo: Geometry, ind: dict, layers: int = 3, kv_format: str = "auto"):
     """The kernel's copy: every row that no valid index reaches is NaN (0xFF); a paged cache
     sits as layer 1 of ``layers`` in one allocation whose other layers (the memory between its
-    blocks) are NaN too. Returns (tensor to put on the device, the view to pass)."""
+    blocks) are NaN too. Returns (tensor to put on the device, the view to pass). A V4 record
+    cache (``kv_format`` "fp8_ds_mla_v4") is poisoned by :func:`poisoned_v4_cache`."""
     rows, valid = physical_rows(
         ind["indices"],
         geo.num_rows,
@@ -775,6 +886,8 @@ def poisoned_cache(cache, geo: Geometry, ind: dict, layers: int = 3):
     )
     used = torch.zeros(geo.num_rows, dtype=torch.bool)
     used[rows[valid]] = True
+    if kv_format == "fp8_ds_mla_v4":
+        return poisoned_v4_cache(cache, geo, used, layers)
     kc = cache.clone()
     flat = kc.view(geo.num_rows, kc.shape[-1])
     flat[~used] = _fill(kc)
@@ -783,6 +896,32 @@ def poisoned_cache(cache, geo: Geometry, ind: dict, layers: int = 3):
     big = torch.full((geo.num_blocks, layers, geo.page, kc.shape[-1]), _fill(kc), dtype=kc.dtype)
     big[:, 1] = kc
     return big, lambda t: t[:, 1]
+
+
+def poisoned_v4_cache(cache, geo: Geometry, used, layers: int = 3):
+    """A V4 record cache (uint8 [nb, P, 584] pages) for the kernel: a page's P data rows (576
+    bytes each, from the page's first byte) and then its P scale rows (8 bytes each) are not
+    contiguous per slot, so the slots no valid index reaches (``used`` bool [nb * P], flat slot
+    order) get 0xFF in both their data row (e4m3 NaN codes) and their scale row (2^128 = inf);
+    every slot's pad byte (the kernel reads 7 scale bytes, never the 8th) is 0xFF too. The
+    pages sit as layer 1 of ``layers`` pages of vLLM's padded stride each, the padding and the
+    other layers 0xFF. Returns (tensor to put on the device, the view to pass)."""
+    V4 = kv_format_mod
+    nb, page = geo.num_blocks, geo.page
+    page_bytes = page * V4.DS_V4_TOKEN_BYTES
+    data_end = page * V4.DS_V4_DATA_BYTES
+    pages = cache.as_strided((nb, page_bytes), (cache.stride(0), 1)).clone()
+    free = ~used.view(nb, page)
+    data = pages[:, :data_end].view(nb, page, V4.DS_V4_DATA_BYTES)
+    scales = pages[:, data_end:].view(nb, page, V4.DS_V4_SCALE_BYTES)
+    data[free] = 0xFF
+    scales[free] = 0xFF
+    scales[..., V4.DS_V4_NUM_SCALES :] = 0xFF
+    stride = V4.ds_mla_v4_page_stride(page)
+    big = torch.full((nb, layers, stride), 0xFF, dtype=torch.uint8)
+    big[:, 1, :page_bytes] = pages
+    shape = (page, V4.DS_V4_TOKEN_BYTES)
+    return big, lambda t: t[:, 1, :page_bytes].unflatten(-1, shape)
 
 
 def checked_rows(case: Case) -> Any:
@@ -795,19 +934,36 @@ def checked_rows(case: Case) -> Any:
     return torch.unique(torch.cat([head, spread]))
 
 
-def reference(case: Case, q, cache, ind: dict, fkw: dict, rows, device) -> tuple[Any, Any]:
+def reference(
+    case: Case, q, cache, ind: dict, fkw: dict, rows, device, extra: tuple | None = None
+) -> tuple[Any, Any]:
     """sparse_mla_reference on the clean cache (testing.reference_dtype: float64 for fp32 q,
-    float32 otherwise)."""
+    float32 otherwise); ``extra``: (clean extra cache, its index dict) for a case with an extra
+    set."""
     kw = {k: v for k, v in ind.items() if k in ("block_table", "block_size")}
     idx, counts, req = ind["indices"], ind.get("valid_counts"), ind.get("req_ids")
+    xidx = xcounts = None
+    if extra is not None:
+        xcache, xind = extra
+        xidx, xcounts = xind["indices"], xind.get("valid_counts")
+        kw["extra_kv_cache"] = xcache
+        if "block_table" in xind:
+            kw["extra_block_table"] = xind["block_table"]
+            kw["extra_block_size"] = xind["block_size"]
     if rows is not None:
         q, idx = q[rows], idx[rows]
         counts = counts[rows] if counts is not None else None
         req = req[rows] if req is not None else None
+        xidx = xidx[rows] if xidx is not None else None
+        xcounts = xcounts[rows] if xcounts is not None else None
     if counts is not None:
         kw["valid_counts"] = counts
     if req is not None:
         kw["req_ids"] = req
+    if xidx is not None:
+        kw["extra_indices"] = xidx
+    if xcounts is not None:
+        kw["extra_valid_counts"] = xcounts
     mv = lambda x: x.to(device) if hasattr(x, "to") else x  # noqa: E731
     kw = {k: mv(v) for k, v in kw.items()}
     fkw = {k: mv(v) for k, v in fkw.items()}
@@ -846,6 +1002,16 @@ class Inputs:
     cache: Any  # clean, CPU
     fmt: dict
     geo: Geometry
+    # the extra set: its clean CPU cache, index dict (indices, valid_counts, block table) and
+    # geometry; None without one
+    xcache: Any = None
+    xind: dict | None = None
+    xgeo: Geometry | None = None
+
+    @property
+    def extra(self) -> tuple | None:
+        """(clean extra cache, its index dict) for :func:`reference`, or None."""
+        return None if self.xind is None else (self.xcache, self.xind)
 
 
 def make_case_inputs(case: Case, cfg: KernelConfig, seed: int = 0, cache_seed: int | None = None):
@@ -855,7 +1021,33 @@ def make_case_inputs(case: Case, cfg: KernelConfig, seed: int = 0, cache_seed: i
     built = build_cache(case, geo, cg)
     q = torch.randn(case.T, case.H, case.kind.width, generator=g).to(case.kind.dtype)
     ind = build_indices(case, cfg, geo, g)
-    return Inputs(q, ind, built["cache"], built["fmt"], geo)
+    inp = Inputs(q, ind, built["cache"], built["fmt"], geo)
+    if case.XW:
+        inp.xgeo = geometry(case, extra=True)
+        inp.xcache = build_cache(case, inp.xgeo, cg, extra=True)["cache"]
+        inp.xind = build_indices(case, cfg, inp.xgeo, g, extra=True)
+        # one request id per token serves both block tables (both have min(T, 3) requests)
+        req = ind.get("req_ids", inp.xind.get("req_ids"))
+        if req is not None:
+            ind["req_ids"] = inp.xind["req_ids"] = req
+    return inp
+
+
+def _extra_device_kwargs(inp: Inputs, device) -> dict:
+    """The extra set's arguments on the device, its cache poisoned like the main one."""
+    if inp.xind is None:
+        return {}
+    xkc, xview = poisoned_cache(inp.xcache, inp.xgeo, inp.xind, kv_format=inp.fmt["kv_format"])
+    kw = {
+        "extra_kv_cache": xview(xkc.to(device)),
+        "extra_indices": inp.xind["indices"].to(device),
+    }
+    if "valid_counts" in inp.xind:
+        kw["extra_valid_counts"] = inp.xind["valid_counts"].to(device)
+    if "block_table" in inp.xind:
+        kw["extra_block_table"] = inp.xind["block_table"].to(device)
+        kw["extra_block_size"] = inp.xind["block_size"]
+    return kw
 
 
 def _device_kwargs(inp: Inputs, device) -> dict:
@@ -895,6 +1087,7 @@ class Runner:
             "H": case.H,
             "W": case.W,
             "layout": case.layout,
+            "extra_width": case.XW,
             "counts": case.counts,
             "lse": case.lse,
             "config": config_label(cfg),
@@ -938,12 +1131,12 @@ class Runner:
     def _eager(self, case: Case, cfg, keys) -> dict:
         dev = self.device
         inp = make_case_inputs(case, cfg)
-        kc, view = poisoned_cache(inp.cache, inp.geo, inp.ind)
+        kc, view = poisoned_cache(inp.cache, inp.geo, inp.ind, kv_format=inp.fmt["kv_format"])
         d = {
             "q": inp.q.to(dev),
             "kv": view(kc.to(dev)),
             "indices": inp.ind["indices"].to(dev),
-            "kw": _device_kwargs(inp, dev),
+            "kw": _device_kwargs(inp, dev) | _extra_device_kwargs(inp, dev),
         }
         out = torch.full(
             (case.T, case.H, case.kind.latent), float("nan"), dtype=case.kind.dtype, device=dev
@@ -964,7 +1157,7 @@ class Runner:
             fails.append("the result is not the given out tensor")
         rows = checked_rows(case)
         ref_out, ref_lse = reference(
-            case, inp.q, inp.cache, inp.ind, inp.fmt, rows, self.ref_device
+            case, inp.q, inp.cache, inp.ind, inp.fmt, rows, self.ref_device, inp.extra
         )
         f, e, le = check(
             case, out.cpu(), None if lse is None else lse.cpu(), ref_out, ref_lse, rows
@@ -1002,6 +1195,8 @@ class Runner:
         """Warm, eager call under sync debug mode "error", capture, then replays with new
         q / indices / counts / table / request ids / k_scale written in place, each checked."""
         dev = self.device
+        if case.XW or case.kind.v4:  # make_kinds gives the graph suite neither
+            raise ValueError(f"{case.name}: the graph suite replays no extra set or V4 record")
         inp = make_case_inputs(case, cfg, seed=1, cache_seed=0)
         kc, view = poisoned_cache(inp.cache, inp.geo, inp.ind)
         kc_dev = kc.to(dev)

@@ -2,7 +2,8 @@
 
 floor = max(bytes / copy bandwidth, FLOPs / bf16 matmul rate), with
 bytes = T*W*row_bytes + q + out (every listed index one row read) and FLOPs = 2*H*T*W*(576+512),
-as docs/PERFORMANCE.md defines them.
+as docs/PERFORMANCE.md defines them; with an extra index set W counts both sets' entries
+(DeepSeek-V4: 128 + 512 records of 584 bytes, q . k and P . V 512 wide each).
 Decode is timed from CUDA-graph replays (as a server runs it), prefill with device events
 (testing.timing); a case passes as testing.compare_sparse_mla says, before it is timed.
 """
@@ -15,7 +16,7 @@ import torch
 
 from .kv_format import bytes_per_row
 from .ops.sparse_mla.heuristics import KernelConfig, arch_of, choose_config
-from .ops.sparse_mla.plan import DS_MLA, LaunchPlan
+from .ops.sparse_mla.plan import DS_MLA, DS_MLA_V4, LaunchPlan
 from .reference import sparse_mla_reference
 from .testing import (
     Ceilings,
@@ -27,10 +28,16 @@ from .testing import (
 from .workloads import Case, Inputs, make_inputs
 
 
+def listed(inp: Inputs) -> int:
+    """Index entries per token: the main set's and, with one, the extra set's."""
+    extra = inp.kwargs.get("extra_indices")
+    return inp.indices.shape[1] + (extra.shape[1] if extra is not None else 0)
+
+
 def case_cost(case: Case, inp: Inputs) -> tuple[float, float]:
-    """(bytes, FLOPs) of one call, counting every listed index as one row read."""
+    """(bytes, FLOPs) of one call, counting every listed index (both sets) as one row read."""
     t, h = case.tokens, case.heads
-    w = inp.indices.shape[1]
+    w = listed(inp)
     row = bytes_per_row(case.kv_format, 512 + case.rope, case.dtype)
     esize = torch.empty((), dtype=case.dtype).element_size()
     nbytes = t * w * row + t * h * (512 + case.rope) * esize + t * h * 512 * esize
@@ -89,7 +96,7 @@ def plan_label(plan: LaunchPlan) -> str:
     pdl = None if plan.merge is None or plan.merge.pdl else False
     label = config_label(dataclasses.replace(plan.config, pdl=pdl))
     c = plan.constexprs
-    if c.get("E4M3") or plan.family == DS_MLA:
+    if c.get("E4M3") or plan.family in (DS_MLA, DS_MLA_V4):
         if not c["FP8_NATIVE"]:
             label += " +int" + PACKED_LABELS.get(plan.config.e4m3_decode, "")
         if not c["MMA_FP16"]:
@@ -114,8 +121,9 @@ def prepare(case: Case, device: torch.device, seed: int = 0) -> tuple[Inputs, to
     if rows is not None:
         rows = rows.to(device)
         q, idx = q[rows], idx[rows]
-        if "valid_counts" in kw:
-            kw["valid_counts"] = kw["valid_counts"][rows]
+        for per_token in ("valid_counts", "extra_indices", "extra_valid_counts"):
+            if per_token in kw:
+                kw[per_token] = kw[per_token][rows]
     ref = sparse_mla_reference(
         q, inp.kv_cache, idx, inp.scale, compute_dtype=reference_dtype(case.dtype), **kw
     )
@@ -140,8 +148,9 @@ def run_case(
 
     inp, ref = prepared or prepare(case, device, seed)
     kw = dict(inp.kwargs)
+    # both sets as one list, as the plan's heuristic sees them
     cfg = config or choose_config(
-        case.tokens, case.heads, inp.indices.shape[1], case.dtype, case.kv_format, arch_of(device)
+        case.tokens, case.heads, listed(inp), case.dtype, case.kv_format, arch_of(device)
     )
     out = torch.full((case.tokens, case.heads, 512), float("nan"), dtype=case.dtype, device=device)
     plan = sparse_mla_plan(inp.q, inp.kv_cache, inp.indices, inp.scale, out=out, config=cfg, **kw)
@@ -154,7 +163,7 @@ def run_case(
         str(case.dtype).replace("torch.", ""),
         case.tokens,
         case.heads,
-        inp.indices.shape[1],
+        listed(inp),
         plan_label(plan),
         check.err,
         check.passed,
@@ -235,6 +244,9 @@ def run_flashmla(
             case.kv_format,
             valid_counts=inp.kwargs.get("valid_counts"),
             attn_sink=inp.kwargs.get("attn_sink"),
+            extra_kv_cache=inp.kwargs.get("extra_kv_cache"),
+            extra_indices=inp.kwargs.get("extra_indices"),
+            extra_valid_counts=inp.kwargs.get("extra_valid_counts"),
         )
         res.call = call.label
         out = call.run()  # also computes the fp8 decode's scheduler metadata, untimed

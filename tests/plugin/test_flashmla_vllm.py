@@ -102,8 +102,11 @@ def test_cache_views_match_vllm():
 @pytest.fixture
 def interface(monkeypatch):
     """vLLM's flash_mla_interface.py, imported with a stub for the compiled module and its op
-    namespace replaced by the fake."""
+    namespace replaced by the fake (vLLM's op module, which load() asks first, answering that
+    FlashMLA runs here: on a CPU machine it would say why not)."""
     monkeypatch.setitem(sys.modules, "vllm._flashmla_C", types.ModuleType("vllm._flashmla_C"))
+    op = types.SimpleNamespace(is_flashmla_sparse_supported=lambda: (True, None))
+    monkeypatch.setitem(sys.modules, flashmla.VLLM_OP, op)
     sys.modules.pop(flashmla.INTERFACE, None)
     try:
         mod = flashmla.load()
@@ -173,3 +176,35 @@ def test_fake_ops_take_the_compiled_schema(op):
     names = [a.split()[-1].split("=")[0] for a in schema.decode().split(", ")]
     params = list(inspect.signature(getattr(FakeOps, op)).parameters)[1:]
     assert params == names
+
+
+def test_v4_head_rule_matches_vllm():
+    """DeepSeek-V4's FlashMLA decode pads q to 64 or 128 heads (DeepseekV4FlashMLAAttention)."""
+    from vllm.models.deepseek_v4.nvidia.flashmla import DeepseekV4FlashMLAAttention as V4
+
+    for h in range(1, 129):
+        assert flashmla.fp8_decode_heads(h) == V4.get_padded_num_q_heads(h)
+
+
+def test_v4_glue_through_vllms_interface(interface):
+    """The DeepSeek-V4 call through vLLM's real interface (its keyword names, its sparse-decode
+    routing, its metadata bookkeeping with an extra cache), twice, against the reference."""
+    from triton_mla_sparse.testing import assert_sparse_mla_close
+    from triton_mla_sparse.workloads import deepseek_v4_case, make_inputs
+
+    case = deepseek_v4_case(3, 16, rows=2 * BLOCK * NUM_BLOCKS, holes=True)
+    inp = make_inputs(case, torch.device("cpu"))
+    kw = {k: v for k, v in inp.kwargs.items() if k != "kv_format"}
+    call = flashmla.prepare_call(
+        interface, inp.q, inp.kv_cache, inp.indices, inp.scale, case.kv_format, **kw
+    )
+    assert call.label == "kvcache v4 h64 b3xs1 +extra"
+    ref = sparse_mla_reference(
+        inp.q, inp.kv_cache, inp.indices, inp.scale, kv_format=case.kv_format, **kw
+    )
+    for _ in range(2):
+        assert_sparse_mla_close(call.run(), ref)
+    config = _sched_meta(call).config
+    assert (config.b, config.s_q, config.h_q, config.topk) == (3, 1, 64, 128)
+    assert (config.extra_page_block_size, config.extra_topk) == (BLOCK, 512)
+    assert config.is_fp8_kvcache and config.page_block_size == BLOCK

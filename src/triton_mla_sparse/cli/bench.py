@@ -63,10 +63,14 @@ def csv_of(kind, choices=None, minimum=None):
     return parse
 
 
+MODELS = ("deepseek-v4",)
+V4_HEADS = 64  # DeepSeek-V4's query heads per GPU in vLLM's FlashMLA decode (padded to 64)
+
+
 def add_args(p: argparse.ArgumentParser) -> None:
     """bench's arguments; each is validated by its ``type`` (exit 2 on a bad value, no GPU
     needed). New options go here; checks across options go in ``check_args``."""
-    # the formats workloads.make_inputs builds caches in (the V4 record has no bench case yet)
+    # the DSA grid's formats (the V4 record is --model deepseek-v4's)
     bench_formats = tuple(f for f in KV_FORMATS if f != "fp8_ds_mla_v4")
     fmts = ",".join(bench_formats)
     p.add_argument(
@@ -84,7 +88,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--heads",
         type=ints,
-        help=f"decode head counts (default: {_csv_text(DEFAULT_DECODE_HEADS)})",
+        help=f"decode head counts (default: {_csv_text(DEFAULT_DECODE_HEADS)}; with --model "
+        f"deepseek-v4: {V4_HEADS})",
     )
     p.add_argument(
         "--prefill-heads",
@@ -98,6 +103,17 @@ def add_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="give every case a per-head attention sink (HY V4 / DeepSeek-V4 style); "
         "with --compare flashmla FlashMLA gets the same sink",
+    )
+    p.add_argument(
+        "--model",
+        choices=MODELS,
+        help="a model's own decode shape in place of the DSA grid. deepseek-v4: both caches in "
+        "its 584-byte record (64-token pages), a 128-row sliding window and a compressed top-k "
+        "of 512 in one softmax with its attention sink, q and output 512 wide, "
+        f"{V4_HEADS} heads unless --heads is given, --decode tokens; with --compare flashmla "
+        "FlashMLA reads the same cache tensors as vLLM 0.33 calls it for DeepSeek-V4 decode. "
+        "--sink, --prefill-heads, --indexer and --plot are refused with it; --formats and "
+        "--no-prefill do not apply",
     )
     p.add_argument("--reference", action="store_true", help="also time the PyTorch reference")
     p.add_argument("--json", metavar="PATH", help="write results and environment as JSON")
@@ -149,6 +165,24 @@ def add_args(p: argparse.ArgumentParser) -> None:
 def check_args(args: argparse.Namespace) -> str | None:
     """What is wrong with a combination of arguments (checked before any GPU work, reported as
     a usage error), or None."""
+    if args.model:
+        if args.indexer:
+            return f"--model {args.model} benches attention; --indexer the indexer: pick one"
+        if args.plot:
+            return f"--plot draws the DSA grid's formats; --model {args.model} has none of them"
+        given = [
+            opt
+            for opt, used in (
+                ("--prefill-heads", args.prefill_heads is not None),
+                ("--sink", args.sink),
+            )
+            if used
+        ]
+        if given:
+            return (
+                f"{', '.join(given)}: not with --model {args.model}, whose decode shape is its "
+                "own (its sink included, no prefill)"
+            )
     if args.indexer:
         given = [
             opt
@@ -178,6 +212,14 @@ def check_args(args: argparse.Namespace) -> str | None:
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         return "--plot needs matplotlib: pip install 'triton-mla-sparse[plot]'"
     return None
+
+
+def model_cases(args: argparse.Namespace) -> list:
+    """The cases of ``--model``: its decode shape at each --decode token count and head count."""
+    from ..workloads import deepseek_v4_case
+
+    heads = args.heads or [V4_HEADS]
+    return [deepseek_v4_case(t, h) for h in heads for t in args.decode or DEFAULT_DECODE_TOKENS]
 
 
 def main(args: argparse.Namespace) -> int:
@@ -314,6 +356,8 @@ def _bench(args: argparse.Namespace, device, emu) -> int:
                     name, PREFILL_TOKENS, h, rows=PREFILL_ROWS, kv_format=fmt, sink=args.sink
                 )
                 cases.append(case)
+    if args.model:
+        cases = model_cases(args)  # the model's own shape in place of the DSA grid
     results, failed, peers, notes, shared = [], 0, {}, [], {}
     runs = []
     for case in cases:

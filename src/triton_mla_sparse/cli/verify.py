@@ -10,7 +10,9 @@ from .common import environment, environment_line, gpu_device, num, table
 
 DESCRIPTION = (
     "Check the kernel against the PyTorch reference on the default workload (GLM-5 and "
-    "DeepSeek-V3.2 decode, a prefill chunk, fp8 caches, -1 padding, a paged cache). A case "
+    "DeepSeek-V3.2 decode, a prefill chunk, fp8 caches, -1 padding, a paged cache, an attention "
+    "sink, a second index set in the same softmax, and DeepSeek-V4's decode: its 584-byte "
+    "record, sliding window + compressed top-k, sink, 64 heads). A case "
     "passes when the output's relative Frobenius error is within the tolerance of its dtype. "
     "Without a GPU, Triton's interpreter runs reduced sizes in fp16. Exit status 1 if a case "
     "fails."

@@ -34,6 +34,28 @@ fp8_ds_mla cache, decode (and prefill below 32 heads; ``_fp8_flash_mla_kernel``)
         softmax_scale=softmax_scale,
     )                                 # out bf16 [B, S, Hp, 512]; vLLM keeps the first H heads
 
+DeepSeek-V4 decode (``fp8_ds_mla_v4``: vllm/models/deepseek_v4/nvidia/flashmla.py,
+``DeepseekV4FlashMLAAttention._forward_decode``), both caches in the 584-byte record::
+
+    out, _ = flash_mla_with_kvcache(
+        q=q,                          # bf16 [T, 1, Hp, 512], Hp = 64 if H <= 64 else 128
+        k_cache=swa_cache,            # uint8 [blocks, page, 1, 584]: the sliding-window cache,
+                                      # its padded page stride kept (kv_cache.unsqueeze(-2))
+        block_table=None,
+        head_dim_v=512,
+        tile_scheduler_metadata=...,  # one FlashMLASchedMeta, its first call plans
+        cache_seqlens=None,
+        is_fp8_kvcache=True,
+        indices=swa_indices,          # int32 [T, 1, W]: slots, valid first, then -1
+        topk_length=swa_lens,         # int32 [T]: the valid entries
+        softmax_scale=scale,
+        attn_sink=attn_sink,          # float32 [Hp]
+        extra_k_cache=kv_cache,       # uint8 [blocks2, page2, 1, 584]: the compressed cache
+        extra_indices_in_kvcache=topk_indices,  # int32 [T, 1, W2], slots
+        extra_topk_length=topk_lens,  # int32 [T]
+        out=output.unsqueeze(1),      # bf16 [T, 1, Hp, 512], written in place
+    )
+
 Below 32 heads vLLM runs all tokens, prefill ones included, as one sequence (``B = 1, S = T``,
 its "mixed batch" mode); from 32 heads decode runs one token per request (``B = T, S = 1``) and
 prefill runs sparse_fwd on a bf16 upconversion of the cache (not reproduced here).
@@ -58,7 +80,7 @@ from types import ModuleType
 
 import torch
 
-from ..kv_format import DS_MLA_ROW_BYTES
+from ..kv_format import DS_MLA_ROW_BYTES, DS_V4_WIDTH, ds_mla_v4_pages
 
 INTERFACE = "vllm.third_party.flashmla.flash_mla_interface"
 # What vLLM 0.33's FLASHMLA_SPARSE backend imports FlashMLA through: it re-exports INTERFACE's
@@ -146,6 +168,12 @@ def unsupported(
     """
     if dtype != torch.bfloat16:
         return f"FlashMLA takes bf16 queries only, the case has {dtype}"
+    if kv_format == "fp8_ds_mla_v4":
+        if width != DS_V4_WIDTH:
+            return f"the V4 record is {DS_V4_WIDTH} wide, the case has {width}"
+        if decode:
+            return None
+        return "vLLM runs a DeepSeek-V4 prefill through sparse_fwd on a bf16 gather of both caches"
     if width != HEAD_DIM:
         return f"only the {HEAD_DIM}-wide (512 + 64 rope) layout is compared, the case has {width}"
     if kv_format == "auto":
@@ -269,6 +297,12 @@ def ds_mla_pages(kv_cache: torch.Tensor) -> torch.Tensor:
     )
 
 
+def v4_pages(kv_cache: torch.Tensor) -> torch.Tensor:
+    """A V4 record cache as FlashMLA's decode reads it: uint8 ``[blocks, page, 1, 584]``, a view
+    that keeps the page stride (``kv_cache.unsqueeze(-2)``, as vLLM hands it over)."""
+    return ds_mla_v4_pages(kv_cache).unsqueeze(-2)
+
+
 def describe(t: torch.Tensor) -> str:
     """``shape dtype strides`` of a tensor handed to FlashMLA (for diagnostics)."""
     c = " contiguous" if t.is_contiguous() else ""
@@ -295,21 +329,28 @@ def prepare_call(
     kv_format: str,
     valid_counts: torch.Tensor | None = None,
     attn_sink: torch.Tensor | None = None,
+    extra_kv_cache: torch.Tensor | None = None,
+    extra_indices: torch.Tensor | None = None,
+    extra_valid_counts: torch.Tensor | None = None,
 ) -> PeerCall:
     """The FlashMLA call vLLM 0.33 makes for these inputs (bf16 ``"auto"`` cache: sparse_fwd;
-    ``"fp8_ds_mla"``: the fp8 sparse decode), with its inputs laid out and padded. Both take
+    ``"fp8_ds_mla"``: the fp8 sparse decode; ``"fp8_ds_mla_v4"``: DeepSeek-V4's decode, with
+    the extra set as its compressed cache), with its inputs laid out and padded. All take
     ``attn_sink`` float32 ``[H]`` (padded heads get -inf: no effect; their rows are dropped).
 
-    ``q`` bf16 ``[T, H, 576]``, ``H`` in 1..128; ``indices`` int32 ``[T, W]`` flat cache rows;
-    ``kv_cache`` as :func:`sparse_fwd_kv` / :func:`ds_mla_pages` take it; ``fmla`` the module
-    :func:`load` returns.
+    ``q`` bf16 ``[T, H, 576]`` (V4: ``[T, H, 512]``), ``H`` in 1..128; ``indices`` int32
+    ``[T, W]`` flat cache rows; ``kv_cache`` as :func:`sparse_fwd_kv` / :func:`ds_mla_pages` /
+    :func:`v4_pages` take it; ``fmla`` the module :func:`load` returns. The extra set
+    (``extra_kv_cache``, ``extra_indices`` ``[T, W2]``, ``extra_valid_counts``) is V4's only.
     """
+    v4 = kv_format == "fp8_ds_mla_v4"
+    dim = DS_V4_WIDTH if v4 else HEAD_DIM
     if not isinstance(q, torch.Tensor):
-        raise TypeError(f"q must be a tensor [T, H, {HEAD_DIM}], got {type(q).__name__}")
+        raise TypeError(f"q must be a tensor [T, H, {dim}], got {type(q).__name__}")
     if q.dtype != torch.bfloat16:
         raise TypeError(f"q must be torch.bfloat16 for FlashMLA, got {q.dtype}")
-    if q.dim() != 3 or q.shape[2] != HEAD_DIM:
-        raise ValueError(f"q must be [T, H, {HEAD_DIM}], got shape {tuple(q.shape)}")
+    if q.dim() != 3 or q.shape[2] != dim:
+        raise ValueError(f"q must be [T, H, {dim}], got shape {tuple(q.shape)}")
     t, h = q.shape[0], q.shape[1]
     _check_heads(h)
     if indices.dim() != 2 or indices.shape[0] != t:
@@ -317,11 +358,30 @@ def prepare_call(
             f"indices must be [T, W] with T = {t} (q {tuple(q.shape)}), got shape "
             f"{tuple(indices.shape)}"
         )
+    extra = (extra_kv_cache, extra_indices, extra_valid_counts)
+    if (extra_kv_cache is None) != (extra_indices is None):
+        raise ValueError("extra_kv_cache and extra_indices go together")
+    if extra_kv_cache is not None and not v4:
+        raise ValueError(
+            f"an extra index set is FlashMLA's DeepSeek-V4 decode's (kv_format='fp8_ds_mla_v4'), "
+            f"not kv_format={kv_format!r}'s"
+        )
+    if v4:
+        if extra_indices is not None and tuple(extra_indices.shape[:1]) != (t,):
+            raise ValueError(
+                f"extra_indices must be [T, W2] with T = {t}, got shape "
+                f"{tuple(extra_indices.shape)}"
+            )
+        return _v4_decode_call(
+            fmla, q, kv_cache, indices, softmax_scale, valid_counts, attn_sink, *extra
+        )
     if kv_format == "auto":
         return _sparse_fwd_call(fmla, q, kv_cache, indices, softmax_scale, valid_counts, attn_sink)
     if kv_format == "fp8_ds_mla":
         return _fp8_decode_call(fmla, q, kv_cache, indices, softmax_scale, valid_counts, attn_sink)
-    raise ValueError(f"kv_format must be 'auto' or 'fp8_ds_mla' for FlashMLA, got {kv_format!r}")
+    raise ValueError(
+        f"kv_format must be 'auto', 'fp8_ds_mla' or 'fp8_ds_mla_v4' for FlashMLA, got {kv_format!r}"
+    )
 
 
 def _sink_kwargs(attn_sink: torch.Tensor | None, heads: int) -> dict:
@@ -401,3 +461,65 @@ def _fp8_decode_call(fmla, q, kv_cache, indices, scale, valid_counts, attn_sink)
         **{k: describe(v) for k, v in sink.items()},
     }
     return PeerCall("flash_mla_with_kvcache", f"kvcache fp8 h{hp} b{b}xs{s}", args, run)
+
+
+def _v4_decode_call(
+    fmla, q, kv_cache, indices, scale, valid_counts, attn_sink, xcache, xindices, xcounts
+) -> PeerCall:
+    if kv_cache.dtype != torch.uint8:
+        raise TypeError(f"an fp8_ds_mla_v4 kv_cache must be torch.uint8, got {kv_cache.dtype}")
+    t, h = q.shape[0], q.shape[1]
+    hp = fp8_decode_heads(h)  # vLLM's get_padded_num_q_heads for V4: 64 or 128
+    k_cache = v4_pages(kv_cache)
+    # slots, valid first, and how many (as vLLM's SWA indices and topk lengths): [T, 1, W]
+    idx, lengths = compacted_indices(indices, k_cache.shape[0] * k_cache.shape[1], valid_counts)
+    idx = idx.view(t, 1, -1)
+    qp = pad_heads(q, hp).view(t, 1, hp, DS_V4_WIDTH)
+    out = torch.empty(t, 1, hp, HEAD_DIM_V, dtype=q.dtype, device=q.device)
+    extra: dict[str, torch.Tensor] = {}
+    if xcache is not None:
+        if xcache.dtype != torch.uint8:
+            raise TypeError(f"an fp8_ds_mla_v4 extra cache must be torch.uint8, got {xcache.dtype}")
+        xk = v4_pages(xcache)
+        xidx, xlengths = compacted_indices(xindices, xk.shape[0] * xk.shape[1], xcounts)
+        extra = {
+            "extra_k_cache": xk,
+            "extra_indices_in_kvcache": xidx.view(t, 1, -1),
+            "extra_topk_length": xlengths,
+        }
+    sched_meta, _ = fmla.get_mla_metadata()
+    sink = _sink_kwargs(attn_sink, hp)
+
+    def run() -> torch.Tensor:
+        fmla.flash_mla_with_kvcache(
+            q=qp,
+            k_cache=k_cache,
+            block_table=None,
+            head_dim_v=HEAD_DIM_V,
+            tile_scheduler_metadata=sched_meta,
+            cache_seqlens=None,
+            is_fp8_kvcache=True,
+            indices=idx,
+            topk_length=lengths,
+            softmax_scale=scale,
+            **sink,
+            **extra,
+            out=out,
+        )
+        return out[:, 0, :h]
+
+    args = {
+        "q": describe(qp),
+        "k_cache": describe(k_cache),
+        "block_table": "None",
+        "cache_seqlens": "None",
+        "head_dim_v": str(HEAD_DIM_V),
+        "is_fp8_kvcache": "True",
+        "indices": describe(idx),
+        "topk_length": describe(lengths),
+        "softmax_scale": repr(scale),
+        **{k: describe(v) for k, v in {**sink, **extra}.items()},
+        "out": describe(out),
+    }
+    label = f"kvcache v4 h{hp} b{t}xs1" + (" +extra" if extra else "")
+    return PeerCall("flash_mla_with_kvcache", label, args, run)
