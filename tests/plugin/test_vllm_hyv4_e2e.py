@@ -10,7 +10,10 @@ indexer, vLLM's ``sparse_attn_indexer`` with the plugin's Triton logits, vLLM's 
 ``MLAAttention`` (cache write, absorbed q, the plugin's backend ``forward_mqa`` with the sink,
 the V up-projection) and ``o_proj``. It is compared with a float64 torch computation from the
 same weights: the top-k against the exact indexer logits, the attention output (sink included)
-over the chosen rows, and the written cache rows.
+over the chosen rows, and the written cache rows. With a bf16/fp16 cache and with the fp8 caches
+(``fp8_ds_mla``, ``fp8``): HY V4's MLA cache is written by vLLM's CUDA ``concat_and_cache_mla``
+(sm80/86 cubins), not by DeepSeek-V3.2's Triton ``fused_norm_rope``, so no fp8-typed Triton
+kernel is on its path.
 
 Stood in, because they are CUDA ops without a CPU build here (each by a torch port of its rule):
 ``per_token_group_quant_fp8`` (ue8m0 e4m3 per 128 values), ``indexer_k_quant_and_cache``,
@@ -31,11 +34,14 @@ require_vllm()
 pytestmark = pytest.mark.vllm
 
 from triton_mla_sparse.kv_format import (  # noqa: E402
+    pack_fp8_ds_mla,
     quantize_indexer_k,
+    unpack_fp8_ds_mla,
     unpack_indexer_cache,
     write_indexer_cache,
 )
 from triton_mla_sparse.reference import rope_reference  # noqa: E402
+from triton_mla_sparse.vllm_plugin import KV_FORMAT_OF  # noqa: E402
 from triton_mla_sparse.vllm_plugin import indexer_install as inst  # noqa: E402
 
 from .cpu_vllm import common_metadata, cpu_vllm_config  # noqa: E402
@@ -99,12 +105,36 @@ def indexer_k_quant_and_cache_torch(k, kv_cache, slot_mapping, quant_block_size,
     write_indexer_cache(kv_cache, slot_mapping[keep], k8, scale)
 
 
+def _encode_rows(rows: torch.Tensor, kv_cache_dtype: str) -> torch.Tensor:
+    """Cache rows as vLLM's CUDA ``concat_and_cache_mla`` writes them (sm80/86 cubins in
+    ``_C_stable_libtorch``): the value copy (bf16/fp16); ``fp8``: e4m3 of ``value / k_scale``
+    (k_scale 1 here); ``fp8_ds_mla``: 656-byte rows with ``amax / 448`` fp32 group scales
+    (``concat_and_cache_ds_mla``; the rule of kv_format's "fp32" scales)."""
+    if kv_cache_dtype == "auto":
+        return rows.to(DTYPE)
+    if kv_cache_dtype == "fp8":
+        return rows.float().clamp(-448, 448).to(torch.float8_e4m3fn).view(torch.uint8)
+    assert kv_cache_dtype == "fp8_ds_mla"
+    return pack_fp8_ds_mla(rows.float(), scale_format="fp32")
+
+
+def _decode_rows(rows: torch.Tensor, kv_cache_dtype: str) -> torch.Tensor:
+    if kv_cache_dtype == "auto":
+        return rows.double()
+    if kv_cache_dtype == "fp8":
+        return rows.view(torch.float8_e4m3fn).double()
+    return unpack_fp8_ds_mla(rows).double()
+
+
 def concat_and_cache_mla_torch(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale, **kw):
-    """Stand-in for vLLM's CUDA concat_and_cache_mla with a bf16/fp16 cache: the row copy."""
-    assert kv_cache_dtype == "auto"
+    """Stand-in for vLLM's CUDA concat_and_cache_mla (AttentionImpl.do_kv_cache_update, the
+    writer HY V4's MLAAttention uses: vllm/v1/attention/backend.py:1108-1130)."""
+    assert kv_cache_dtype in ("auto", "fp8", "fp8_ds_mla")
+    assert kv_cache_dtype != "fp8" or float(scale) == 1.0
     rows = kv_cache.view(-1, kv_cache.shape[-1])
     keep = slot_mapping >= 0
-    rows[slot_mapping[keep].long()] = torch.cat([kv_c, k_pe], -1)[keep].to(kv_cache.dtype)
+    new = torch.cat([kv_c, k_pe], -1)[keep]
+    rows[slot_mapping[keep].long()] = _encode_rows(new, kv_cache_dtype).view(rows.dtype)
 
 
 def _build_layer(cuda_mod, cfg):
@@ -198,7 +228,12 @@ def _rms(x, w, eps=1e-6):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
 
 
-def test_hy_v4_attention_layer_matches_float64(cuda_platform, monkeypatch):  # noqa: F811
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8_ds_mla", "fp8"])
+def test_hy_v4_attention_layer_matches_float64(
+    cuda_platform,  # noqa: F811
+    monkeypatch,
+    kv_cache_dtype,
+):
     from vllm import _custom_ops as ops
     from vllm.config import set_current_vllm_config
     from vllm.models.hy_v4.nvidia import attention as hy_attn
@@ -237,6 +272,7 @@ def test_hy_v4_attention_layer_matches_float64(cuda_platform, monkeypatch):  # n
             cfg.model_config.dtype = DTYPE
             cfg.model_config.rswa_window = None
             cfg.attention_config.sparse_mla_prefill_workspace_factor = 5  # vLLM sets it for DSA
+            cfg.cache_config.cache_dtype = kv_cache_dtype
             with set_current_vllm_config(cfg):
                 layer, buf = _build_layer(cuda_platform, cfg)
             _check_layer(layer, cfg, buf, backend_mod, _indexer_builder, logits_calls)
@@ -249,6 +285,8 @@ def _check_layer(layer, cfg, buf, backend_mod, indexer_builder, logits_calls):
     impl_cls = type(attn.impl)
     assert f"{attn.attn_backend.__module__}.{attn.attn_backend.__qualname__}" == OURS
     assert impl_cls is backend_mod.TritonMLASparseImpl
+    assert attn.kv_cache_dtype == cfg.cache_config.cache_dtype  # not rewritten for this backend
+    assert attn.impl.kv_format == KV_FORMAT_OF[attn.kv_cache_dtype]
     assert attn.impl.sinks is layer.learnable_sink_param  # the sink is bound, not dropped
     assert cfg.attention_config.sparse_mla_force_mqa  # HY V4 forces every token onto MQA
     op = layer.indexer.indexer_op
@@ -283,7 +321,11 @@ def _run_layer(layer, cfg, buf, backend_mod, indexer_builder, logits_calls):
 
     # caches: every context position's MLA row (fp16) and index K (e4m3); this step's rows are
     # written by the layer
-    mla = torch.full((NUM_BLOCKS, BLOCK, LORA + ROPE), 1e4, dtype=DTYPE)
+    kvd = attn.kv_cache_dtype
+    width = 656 if kvd == "fp8_ds_mla" else LORA + ROPE
+    mla = torch.full((NUM_BLOCKS, BLOCK, width), 0x7E if kvd != "auto" else 0, dtype=torch.uint8)
+    if kvd == "auto":
+        mla = torch.full((NUM_BLOCKS, BLOCK, width), 1e4, dtype=DTYPE)
     icache = torch.full((NUM_BLOCKS, BLOCK, 132), 0xFF, dtype=torch.uint8)
     positions, slots = [], []
     for r, (qlen, seq) in enumerate(REQUESTS):
@@ -291,9 +333,8 @@ def _run_layer(layer, cfg, buf, backend_mod, indexer_builder, logits_calls):
         blk = torch.tensor(BLOCK_TABLE[r])[pos // BLOCK].long()
         slot = blk * BLOCK + pos % BLOCK
         ctx = slot[: seq - qlen]
-        mla.view(-1, LORA + ROPE)[ctx] = torch.randn(ctx.numel(), LORA + ROPE, generator=gen).to(
-            DTYPE
-        )
+        ctx_rows = torch.randn(ctx.numel(), LORA + ROPE, generator=gen)
+        mla.view(-1, width)[ctx] = _encode_rows(ctx_rows, kvd).view(mla.dtype)
         k8, ks = quantize_indexer_k(torch.randn(ctx.numel(), ID, generator=gen))
         write_indexer_cache(icache, ctx, k8, ks)
         positions.append(pos[seq - qlen :])
@@ -306,7 +347,13 @@ def _run_layer(layer, cfg, buf, backend_mod, indexer_builder, logits_calls):
 
     cm = common_metadata(REQUESTS, BLOCK_TABLE)
     cm.slot_mapping = slots.clone()
-    spec = MLAAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=576, dtype=DTYPE)
+    spec = MLAAttentionSpec(
+        block_size=BLOCK,
+        num_kv_heads=1,
+        head_size=576,
+        dtype=DTYPE if kvd == "auto" else torch.uint8,
+        cache_dtype_str=kvd,
+    )
     md = backend_mod.TritonMLASparseMetadataBuilder(
         spec, [attn.layer_name], cfg, torch.device("cpu")
     ).build(0, cm)
@@ -323,10 +370,21 @@ def _run_layer(layer, cfg, buf, backend_mod, indexer_builder, logits_calls):
     ):
         out = layer(positions, x)
     assert sorted(set(logits_calls)) == ["fp8_fp4_mqa_logits", "fp8_fp4_paged_mqa_logits"]
-    _compare(layer, x, positions, slots, mla, icache, buf, out, o_in[0])
+    _compare(
+        layer,
+        x,
+        positions,
+        slots,
+        _decode_rows(mla.view(-1, width), kvd),
+        icache,
+        buf,
+        out,
+        o_in[0],
+        kvd,
+    )
 
 
-def _compare(layer, x, positions, slots, mla, icache, buf, out, attn_out):
+def _compare(layer, x, positions, slots, rows, icache, buf, out, attn_out, kvd):
     """The float64 computation from the same weights, and the three comparisons."""
     d = torch.float64
     x = x.to(d)
@@ -341,11 +399,11 @@ def _compare(layer, x, positions, slots, mla, icache, buf, out, attn_out):
     kv_c = _rms(kv_c, W["kv_a_layernorm.weight"])
     k_pe = rope_reference(k_pe[:, None], cs, positions, True)[:, 0]
 
-    # this step's MLA rows, written by the layer (through vLLM's cache update)
-    rows = mla.view(-1, LORA + ROPE)
-    mine = rows[slots.long()].to(d)
+    # this step's MLA rows, written by the layer (through vLLM's cache update), decoded
+    mine = rows[slots.long()]
     want = torch.cat([kv_c, k_pe], -1)
-    assert (mine - want).abs().max() < 2e-2 * want.abs().max()
+    tol = 2e-2 if kvd == "auto" else 0.1  # e4m3: 3 mantissa bits
+    assert (mine - want).abs().max() < tol * want.abs().max()
 
     # the indexer: exact float64 logits from the index q and K as HY V4 computes them, over the
     # K cache (context rows as written, this step's as the layer wrote them)
@@ -393,7 +451,7 @@ def _compare(layer, x, positions, slots, mla, icache, buf, out, attn_out):
             assert chosen.all() or lg[~chosen].max() <= thr + tol, t
             gaps.append(float((lg[chosen].min() - thr) / lg.abs().max()))
             # attention over the chosen rows, with the sink in the softmax denominator
-            kv = rows[rslot[got]].to(d)
+            kv = rows[rslot[got]]
             lat, pe = kv[:, :LORA], kv[:, LORA:]
             ql = torch.einsum("hn,hnl->hl", q[t, :, :NOPE], wuk)
             s = (ql @ lat.T + q_pe[t] @ pe.T) * (NOPE + ROPE) ** -0.5
