@@ -253,10 +253,11 @@ def test_hy_v4_attention_layer_matches_float64(
     assert inst.apply(inst.indexer_plan((8, 0), {}))  # what register() installs on SM80
     import vllm.model_executor.layers.sparse_attn_indexer as sai
 
+    spies = pytest.MonkeyPatch()  # undone before uninstall() puts vLLM's functions back
     for name in ("fp8_fp4_mqa_logits", "fp8_fp4_paged_mqa_logits"):
         mine = getattr(sai, name)
         assert getattr(mine, inst.MARK, False)
-        monkeypatch.setattr(
+        spies.setattr(
             sai, name, lambda *a, _f=mine, _n=name, **k: logits_calls.append(_n) or _f(*a, **k)
         )
     try:
@@ -277,7 +278,9 @@ def test_hy_v4_attention_layer_matches_float64(
                 layer, buf = _build_layer(cuda_platform, cfg)
             _check_layer(layer, cfg, buf, backend_mod, _indexer_builder, logits_calls)
     finally:
+        spies.undo()
         inst.uninstall()
+    assert inst.installed_targets() == ()
 
 
 def _check_layer(layer, cfg, buf, backend_mod, indexer_builder, logits_calls):
