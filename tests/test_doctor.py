@@ -60,6 +60,8 @@ def test_parse_capability_refuses(text):
         ("GLM5", "GLM-5"),
         ("zai-org/GLM-5", "GLM-5"),
         ("deepseek-v3.2", "DeepSeek-V3.2"),
+        ("hy-v4", "HY V4"),
+        ("HYV4ForCausalLM", "HY V4"),
         ("deepseek-ai/DeepSeek-V3.2", "DeepSeek-V3.2"),
         (" dsv32 ", "DeepSeek-V3.2"),
     ],

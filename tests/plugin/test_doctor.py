@@ -121,9 +121,11 @@ def _expected(cuda_mod, monkeypatch, cap, model, tp, kv_flag, explicit):
         parallel_config=ParallelConfig(),
         speculative_config=None,
     )
-    with monkeypatch.context() as m:
-        m.setattr(plats, "_current_platform", platform())
-        MODELS_CONFIG_MAP[model.architecture].verify_and_update_config(hooked)
+    hook = MODELS_CONFIG_MAP.get(model.architecture)  # HY V4 has none
+    if hook is not None:
+        with monkeypatch.context() as m:
+            m.setattr(plats, "_current_platform", platform())
+            hook.verify_and_update_config(hooked)
     kv = hooked.cache_config.cache_dtype
     # 2. selection, as MLAAttention asks for it (no user block size: block_size None)
     selector = AttentionSelectorConfig(
@@ -146,8 +148,41 @@ def _expected(cuda_mod, monkeypatch, cap, model, tp, kv_flag, explicit):
         except ValueError:
             return None, False, kv
     cls = resolve_obj_by_qualname(path)
+    if model.sink:
+        # HY V4's layer binds its backend itself after the selector's answer
+        # (attention.py:560-641): its own code, on the platform at this capability
+        cls = _hy_v4_bound(monkeypatch, platform, vcfg, kv, model.num_heads // tp, explicit) or cls
+        path = f"{cls.__module__}.{cls.__qualname__}"
     # 3. the cache format the backend turns that dtype into
     return cls.get_name(), path == OURS, _canonicalize_sparse_mla_kv_cache_dtype(cls, kv)
+
+
+def _hy_v4_bound(monkeypatch, platform, vcfg, kv, heads, explicit):
+    """The backend HYV4MLAAttention._resolve_sink_backend binds (None: the sink is dropped)."""
+    import vllm.platforms as plats
+    from vllm.config import AttentionConfig, set_current_vllm_config
+    from vllm.models.hy_v4.nvidia import attention as hy_attn
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+    from vllm.v1.attention.selector import _cached_get_attn_backend
+
+    layer = types.SimpleNamespace(
+        kv_lora_rank=512, qk_rope_head_dim=64, is_sparse=True, num_local_heads=heads
+    )
+    vcfg.attention_config = AttentionConfig(
+        backend=AttentionBackendEnum.CUSTOM if explicit else None
+    )
+    default_dtype = torch.get_default_dtype()
+    _cached_get_attn_backend.cache_clear()
+    with monkeypatch.context() as m:
+        m.setattr(plats, "_current_platform", platform())
+        m.setattr(hy_attn, "current_platform", platform())
+        torch.set_default_dtype(torch.bfloat16)
+        try:
+            with set_current_vllm_config(vcfg):
+                return hy_attn.HYV4MLAAttention._resolve_sink_backend(layer, kv)
+        finally:
+            torch.set_default_dtype(default_dtype)
+            _cached_get_attn_backend.cache_clear()
 
 
 @pytest.mark.parametrize("cap", CAPS, ids=lambda c: f"{c[0]}.{c[1]}")
@@ -196,6 +231,53 @@ def test_sample_first_lines(answers):
         assert line.startswith(f"GLM-5 TP8, --kv-cache-dtype auto, sm_{cap[0]}{cap[1]}: {text}"), (
             line
         )
+
+
+def test_hy_v4_first_lines(answers, cuda_mod):
+    """HY V4 binds a sink-capable backend itself: this plugin on SM80/86/89 and (ahead of
+    FlashInfer, which has no sink) on SM12x; vLLM's sink-capable FLASHMLA_SPARSE subclass on
+    SM90/100. Without automatic selection, SM120 keeps FlashInfer and the line says the sink is
+    dropped."""
+    ours = "vLLM 0.33 selects TRITON_MLA_SPARSE (this plugin, bf16 cache); no flag needed"
+    want = {
+        (8, 0): ours,
+        (8, 6): ours,
+        (8, 9): ours,
+        (9, 0): "vLLM 0.33 selects FLASHMLA_SPARSE (vLLM's, bf16 cache",
+        (10, 0): "vLLM 0.33 selects FLASHMLA_SPARSE (vLLM's, bf16 cache",
+        (12, 0): ours,
+        (12, 1): ours,
+    }
+    for cap, text in want.items():
+        case, line = next(
+            (c, x)
+            for c, x in answers[cap][1]
+            if (c.model.label, c.tp, c.kv_flag) == ("HY V4", 8, "auto")
+        )
+        assert line.startswith(f"HY V4 TP8, --kv-cache-dtype auto, sm_{cap[0]}{cap[1]}: {text}")
+        assert not case.auto.sink_dropped and "sink dropped" not in line
+        if cap >= (9, 0) and cap < (12, 0):
+            assert "TRITON_MLA_SPARSE (bf16 cache)" in line  # the explicit flag still serves it
+    plugin = sim_mod.PluginStatus(True, ("registered",), "TRITON_MLA_SPARSE", "", False)
+    sim = _simulation(cuda_mod, (12, 0), plugin)
+    case = sim.case(models.parse_model("hy-v4"), 8, "auto")
+    line = report.first_line(case, (12, 0), plugin, sim.indexer())
+    assert case.auto.sink_dropped and case.auto.backend == "FLASHINFER_MLA_SPARSE_SM120"
+    assert "learnable sink dropped: not the trained model" in line
+    assert "--attention-backend TRITON_MLA_SPARSE (bf16 cache)" in line
+    assert case.explicit.ours and not case.explicit.sink_dropped
+
+
+def test_hy_v4_dsa_path_is_its_own(cuda_mod, monkeypatch):
+    """HY V4's DSA part lists only what its code reaches (not DeepSeek-V3.2's writers)."""
+    monkeypatch.delenv("TRITON_MLA_SPARSE_INDEXER", raising=False)
+    hy = models.parse_model("hy-v4")
+    part = _simulation(cuda_mod, (8, 0)).indexer(model=hy)
+    text = "\n".join(part.lines)
+    assert "fp8_fp4_paged_mqa_logits" in text and "op_registry_oot.SparseAttnIndexer" in text
+    assert "deepseek_v32" not in text and "concat_and_cache_mla" in text
+    works, refused = _simulation(cuda_mod, (8, 0)).plugin_caches(hy, 8)
+    assert {"auto", "bfloat16", "fp8", "fp8_ds_mla"} <= set(works)
 
 
 def test_gb10_puts_the_consequence_and_the_flag_first(answers):

@@ -231,7 +231,9 @@ print("LOADER", type(att.__loader__).__name__)
     )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "INSTALLED 6" in r.stdout and "LOADER SourceFileLoader" in r.stdout
-    assert r.stdout.count("Triton path installed") == 1  # the one log line
+    # one log line per group: sparse_attn_indexer's targets (imported by the DeepSeek-V3.2
+    # module), then that module's own writers
+    assert r.stdout.count("Triton path installed") == 2
 
 
 # ---------------------------------------------------------------- fused_q

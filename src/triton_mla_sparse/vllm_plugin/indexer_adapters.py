@@ -30,6 +30,8 @@ INDEX_Q_EMULATE_FP8 = False
 INDEX_K_QUANT_BLOCK = 128
 INDEX_K_SCALE_FMT = "ue8m0"
 # vLLM MLA cache dtypes whose fused writer needs fp8 types -> this plugin's writer format
+# e4m3 index queries the out-of-tree SparseAttnIndexer casts (exactly) to the model dtype
+E4M3_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 FP8_MLA_FORMATS = {"fp8": "fp8", "fp8_e4m3": "fp8", "fp8_ds_mla": "fp8_ds_mla"}
 
 _schedule: dict[tuple[torch.device, int], torch.Tensor] = {}
@@ -311,13 +313,21 @@ def make_fused_norm_rope(stock: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def make_sparse_attn_indexer(base: type) -> type:
-    """An out-of-tree ``SparseAttnIndexer`` whose ``pack_seq`` warm-up uses the model dtype.
+    """An out-of-tree ``SparseAttnIndexer`` with no fp8-typed Triton kernel on its path (SM80/86).
 
-    vLLM's ``__init__`` registers ``pack_seq`` for the fp8 query dtype (sparse_attn_indexer.py:
-    1066-1077), which Triton cannot compile below SM89, and a failed warm-up aborts start-up.
-    With this plugin's ``fused_q`` the decode query is bf16, so that is what gets packed: the
-    registrations made by vLLM's ``__init__`` are collected aside and replayed with the fp8 dtype
-    swapped for the model dtype. Everything else is vLLM's class.
+    - Warm-up: vLLM's ``__init__`` registers ``pack_seq`` for the fp8 query dtype
+      (sparse_attn_indexer.py:1066-1077), which Triton cannot compile below SM89, and a failed
+      warm-up aborts start-up. The registrations made by vLLM's ``__init__`` are collected aside
+      and replayed with the fp8 dtype swapped for the model dtype.
+    - Forward: an e4m3 index query (HY V4's, from vLLM's CUDA ``per_token_group_quant_fp8``,
+      models/hy_v4/nvidia/attention.py:259-266; its scale is already in the weights) is cast to
+      the model dtype first. The cast is exact (every e4m3 value is an fp16/bf16/fp32 value), so the
+      logits are unchanged, and the decode path's ``pack_seq`` (sparse_attn_indexer.py:834, taken
+      for uneven decode lengths, e.g. speculative decoding) then packs the dtype that was warmed
+      up instead of compiling an fp8 Triton kernel. DeepSeek-V3.2's query on this path is
+      already in the model dtype (this plugin's ``fused_q``) and is passed through.
+
+    Everything else is vLLM's class.
     """
 
     class TritonSparseAttnIndexer(base):  # type: ignore[misc, valid-type]
@@ -333,11 +343,23 @@ def make_sparse_attn_indexer(base: type) -> type:
             fp8 = current_platform.fp8_dtype()
             model_config = get_current_vllm_config().model_config
             q_dtype = getattr(model_config, "dtype", torch.bfloat16)
+            self.index_q_dtype = q_dtype
             for kernel, regs in getattr(aside, "_registrations", {}).items():
                 for a, kw in regs:
                     if kernel is _PACK_SEQ_TRITON_KERNEL and kw.get("dtype") == fp8:
                         kw = {**kw, "dtype": q_dtype}
                     JitWarmupRegistry.register(kernel, *a, **kw)
+
+        def forward_cuda(
+            self,
+            hidden_states: torch.Tensor,
+            q_quant: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+            k: torch.Tensor | None,
+            weights: torch.Tensor,
+        ) -> torch.Tensor:
+            if isinstance(q_quant, torch.Tensor) and q_quant.dtype in E4M3_DTYPES:
+                q_quant = q_quant.to(self.index_q_dtype)
+            return super().forward_cuda(hidden_states, q_quant, k, weights)
 
     TritonSparseAttnIndexer.__qualname__ = TritonSparseAttnIndexer.__name__
     return TritonSparseAttnIndexer

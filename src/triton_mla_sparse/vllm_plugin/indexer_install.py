@@ -24,9 +24,18 @@ stay exactly what they are on that device, forced runs on an H200 included.
 set on any device (A/B runs of the SM80 path on an H200, CPU tests); ``off`` installs nothing.
 
 Each target's ``inspect.signature`` is checked against vLLM 0.33.0's before anything is replaced;
-one mismatch logs an error and replaces nothing. Installation is idempotent. It runs when
-``vllm.models.deepseek_v32.attention`` (which imports every target module) is first imported, or
-at once if it already is, so processes that never build a DSA model import nothing more.
+one mismatch in a group logs an error and replaces nothing of that group. Installation is
+idempotent. It runs in two groups, each when its module is first imported (or at once if it
+already is), so processes that never build a DSA model import nothing more:
+
+- when ``vllm.model_executor.layers.sparse_attn_indexer`` loads (it imports the metadata
+  builder's module): the logits, the metadata schedule and the out-of-tree ``SparseAttnIndexer``.
+  Every DSA model reaches these; HY V4 reaches nothing else (it imports ``SparseAttnIndexer``
+  from there, its index query comes from vLLM's CUDA ``per_token_group_quant_fp8`` and its K
+  from the CUDA ``indexer_k_quant_and_cache``). The hook runs before the importing statement
+  returns, so a model module's ``from ... import SparseAttnIndexer`` already finds the slot set.
+- when ``vllm.models.deepseek_v32.attention`` loads: DeepSeek-V3.2's / GLM-5's ``fused_q`` and
+  ``fused_norm_rope`` (its globals).
 """
 
 from __future__ import annotations
@@ -39,17 +48,17 @@ import os
 import sys
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .vllm_signatures import (
-    ATT,
     FP8_FREE_TARGETS,
     INDEXER_OP,
     LOGITS_TARGETS,
     OOT,
     SAI,
     signature_error,
+    trigger_of,
 )
 
 ENV = "TRITON_MLA_SPARSE_INDEXER"
@@ -316,22 +325,8 @@ def _device_capability() -> tuple[int, int] | None:
     return None if cap is None else (cap.major, cap.minor)
 
 
-def install(capability: tuple[int, int] | None = None, *, detect: bool = True) -> IndexerPlan:
-    """Plan for this process's device and install (now, or when the DSA model module loads).
-
-    Called from ``register()``; never raises. ``detect=False`` uses ``capability`` as given.
-    """
-    try:
-        cap = _device_capability() if detect else capability
-        plan = indexer_plan(cap)
-    except Exception as e:
-        logger.warning(
-            "triton_mla_sparse: DSA indexer path not planned: %s: %s", type(e).__name__, e
-        )
-        return IndexerPlan(False, (), f"planning failed: {type(e).__name__}: {e}", ())
-    if not plan.install:
-        logger.info("triton_mla_sparse: DSA indexer: vLLM's own (%s)", plan.reason)
-        return plan
+def _installer(plan: IndexerPlan) -> Callable[[], None]:
+    """What the import hook runs for one group of ``plan``'s targets; never raises."""
 
     def run() -> None:
         try:
@@ -348,9 +343,35 @@ def install(capability: tuple[int, int] | None = None, *, detect: bool = True) -
                 "triton_mla_sparse: DSA indexer install failed: %s: %s", type(e).__name__, e
             )
 
+    return run
+
+
+def install(capability: tuple[int, int] | None = None, *, detect: bool = True) -> IndexerPlan:
+    """Plan for this process's device and install (now, or when the modules of
+    :func:`~.vllm_signatures.trigger_of` load).
+
+    Called from ``register()``; never raises. ``detect=False`` uses ``capability`` as given.
+    """
+    try:
+        cap = _device_capability() if detect else capability
+        plan = indexer_plan(cap)
+    except Exception as e:
+        logger.warning(
+            "triton_mla_sparse: DSA indexer path not planned: %s: %s", type(e).__name__, e
+        )
+        return IndexerPlan(False, (), f"planning failed: {type(e).__name__}: {e}", ())
+    if not plan.install:
+        logger.info("triton_mla_sparse: DSA indexer: vLLM's own (%s)", plan.reason)
+        return plan
+
+    groups: dict[str, list[str]] = {}
+    for target in plan.targets:
+        groups.setdefault(trigger_of(target), []).append(target)
     with _lock:
-        if ATT in sys.modules:
-            run()
-        elif not any(isinstance(f, _AfterImport) for f in sys.meta_path):
-            sys.meta_path.insert(0, _AfterImport(ATT, run))
+        for module, targets in groups.items():
+            run = _installer(replace(plan, targets=tuple(targets)))
+            if module in sys.modules:
+                run()
+            elif not any(isinstance(f, _AfterImport) and f.name == module for f in sys.meta_path):
+                sys.meta_path.insert(0, _AfterImport(module, run))
     return plan

@@ -34,6 +34,19 @@ FP8_FREE_TARGETS = (
     f"{OOT}.{INDEXER_OP}",  # an op_registry_oot entry: CustomOp.__new__ builds this class instead
 )
 
+
+def trigger_of(target: str) -> str:
+    """The module whose first import installs ``target`` (indexer_install's import hook).
+
+    ``SAI`` for what every DSA model reaches through ``sparse_attn_indexer`` (the logits, the
+    metadata schedule, the out-of-tree ``SparseAttnIndexer``): DeepSeek-V3.2, GLM-5 and HY V4,
+    which imports ``SparseAttnIndexer`` from there and never imports ``ATT``
+    (models/hy_v4/nvidia/attention.py:42-44). ``ATT`` for DeepSeek-V3.2's own writers, globals of
+    that module.
+    """
+    return ATT if target.rpartition(".")[0] == ATT else SAI
+
+
 REQUIRED = inspect.Parameter.empty
 
 

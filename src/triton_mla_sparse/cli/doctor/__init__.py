@@ -192,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
         sim = Simulation(
             cuda_mod, cap, have_gpu=gpu_cap is not None, plugin=plugin, simulated=simulated
         )
-        indexer = sim.indexer()
+        indexer = sim.indexer() if args.all else sim.indexer(model=model)
         if args.all:
             cases = [
                 sim.case(m, t, kv)

@@ -31,9 +31,16 @@ class Model:
     label: str
     names: tuple[str, ...]  # what --model accepts (lower case), the Hugging Face id first
     architecture: str  # the HF "architectures" entry vLLM keys its config hooks on
-    config_cls: str  # transformers class name
+    config_cls: str  # transformers class name, or "module:Class" for a config vLLM ships
     config: tuple[tuple[str, int], ...]  # the checkpoint's attention geometry (config.json)
     layers: int  # num_hidden_layers: each holds one MLA cache row and one indexer row per token
+    # A per-head learnable attention sink (HY V4): the model binds its attention backend itself
+    # (a sink-capable one, else it drops the sink), after vLLM's selection.
+    sink: bool = False
+    # Whether the model runs DeepSeek-V3.2's attention module (its fused_q / fused_norm_rope,
+    # which the plugin replaces on SM80/86), and, for one that does not, its own DSA path.
+    dsv32_module: bool = True
+    path_note: str = ""
 
     @property
     def num_heads(self) -> int:
@@ -75,8 +82,36 @@ MODELS = (
         ),
         78,
     ),
+    Model(
+        "HY V4",
+        ("hy-v4", "hyv4", "hy_v4", "hyv4forcausallm"),
+        "HYV4ForCausalLM",
+        # vLLM's own config class (transformers has none); its defaults are the checkpoint's
+        # (vllm/transformers_utils/configs/hy_v4.py:90-131)
+        "vllm.transformers_utils.configs.hy_v4:HYV4Config",
+        (
+            ("num_attention_heads", 32),
+            ("kv_lora_rank", 512),
+            ("qk_rope_head_dim", 64),
+            ("qk_nope_head_dim", 192),
+            ("v_head_dim", 256),
+            ("index_topk", 2048),
+            ("index_n_heads", 16),
+            ("index_head_dim", 128),
+            ("learnable_sink", True),
+        ),
+        34,
+        sink=True,
+        dsv32_module=False,
+        path_note=(
+            "index q: vLLM's CUDA per_token_group_quant_fp8 (e4m3; on SM80/86 the plugin's "
+            "SparseAttnIndexer casts it exactly to the model dtype), index K: vLLM's CUDA "
+            "indexer_k_quant_and_cache, MLA cache (bf16, fp8, fp8_ds_mla): vLLM's CUDA "
+            "concat_and_cache_mla; all three have sm80/86/89 cubins"
+        ),
+    ),
 )
-MODEL_HELP = "deepseek-v3.2 or glm-5 (or their Hugging Face ids)"
+MODEL_HELP = "deepseek-v3.2, glm-5 or hy-v4 (or their Hugging Face ids / architecture)"
 
 # (capability, vLLM backend) -> what goes wrong when vLLM selects that backend on that GPU.
 KNOWN_ISSUES: dict[tuple[tuple[int, int], str], str] = {

@@ -46,10 +46,15 @@ def _cache(dtype: str) -> str:
     return f"{_SHORT_CACHE.get(dtype, dtype)} cache"
 
 
+SINK_DROPPED = "learnable sink dropped: not the trained model"
+
+
 def _selected(choice: Choice) -> str:
     if choice.ours:
         return f"vLLM 0.33 selects {OURS_TEXT}, {_cache(choice.cache_dtype)})"
     out = f"vLLM 0.33 selects {choice.backend} (vLLM's, {_cache(choice.cache_dtype)}"
+    if choice.sink_dropped:
+        out += f", {SINK_DROPPED}"
     if choice.uncertain:
         out += f"; {' or '.join(choice.uncertain)} may come first on a real GPU"
     return out + ")"
@@ -102,6 +107,8 @@ def _choice_line(label: str, case: Case, choice: Choice) -> str:
     if choice.backend is None:
         return f"{label}: vLLM fails: {choice.error}"
     name = "TRITON_MLA_SPARSE (this plugin)" if choice.ours else choice.backend
+    if choice.sink_dropped:
+        name += f" ({SINK_DROPPED})"
     note = ""
     if choice.cache_dtype != case.kv_after_hook:
         note = f" ({choice.backend} serves {case.kv_after_hook} as {choice.cache_dtype})"

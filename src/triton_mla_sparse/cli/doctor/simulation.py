@@ -55,6 +55,9 @@ class Choice:
     # higher-priority backends rejected only by a probe of this machine (its device or CUDA
     # extensions), which a real GPU of the simulated capability may pass
     uncertain: list[str] = field(default_factory=list)
+    # a model with a learnable sink (HY V4) whose layer found no sink-capable backend: it serves
+    # with the sink dropped (not the trained model)
+    sink_dropped: bool = False
 
 
 @dataclass
@@ -209,10 +212,14 @@ class ModelConfigStandIn:
     """The parts of vLLM's ModelConfig that selection reads (a real one needs the checkpoint)."""
 
     def __init__(self, model: Model, tp: int) -> None:
+        import importlib
+
         import torch
         import transformers
 
-        self.hf_config = getattr(transformers, model.config_cls)(**dict(model.config))
+        module, _, name = model.config_cls.rpartition(":")
+        config_cls = getattr(importlib.import_module(module) if module else transformers, name)
+        self.hf_config = config_cls(**dict(model.config))
         self.hf_config.architectures = [model.architecture]
         self.hf_text_config = self.hf_config
         self.architecture = model.architecture
@@ -289,6 +296,8 @@ class Simulation:
         """What vLLM does with ``model`` at ``tp`` and ``--kv-cache-dtype kv_flag``."""
         heads = model.num_heads // tp
         self._preimport_backends(heads)
+        if model.sink:  # HY V4's layer module binds the backend: import it under the real platform
+            import vllm.models.hy_v4.nvidia.attention  # noqa: F401
         mc = ModelConfigStandIn(model, tp)
         kv, note, refused = self._apply_model_hook(model, mc, kv_flag)
         if refused:
@@ -317,21 +326,29 @@ class Simulation:
                 works.append(kv)
         return works, refused
 
-    def indexer(self, env: dict[str, str] | None = None) -> IndexerPart:
-        """The lightning indexer here: the plugin's plan (vLLM's own path when it is not loaded)."""
+    def indexer(self, env: dict[str, str] | None = None, model: Model | None = None) -> IndexerPart:
+        """The lightning indexer here: the plugin's plan (vLLM's own path when it is not loaded);
+        for ``model``, only the targets its code reaches (HY V4 never imports DeepSeek-V3.2's
+        attention module, whose ``fused_q`` / ``fused_norm_rope`` it would not call)."""
         from triton_mla_sparse.vllm_plugin.indexer_install import ENV, indexer_plan
+        from triton_mla_sparse.vllm_plugin.vllm_signatures import ATT, trigger_of
 
         env = dict(os.environ if env is None else env)
         if not self.plugin.active:
             env[ENV] = "off"  # vLLM's own path: what the plan says happens without the plugin
         plan = indexer_plan(self.cap, env)
+        targets = plan.targets
+        if model is not None and not model.dsv32_module:
+            targets = tuple(t for t in targets if trigger_of(t) != ATT)
         if plan.install:
-            lines = (
+            lines: tuple[str, ...] = (
                 f"indexer: this plugin's Triton path ({plan.reason})",
-                "  replaces: " + ", ".join(plan.targets),
+                "  replaces: " + ", ".join(targets),
             )
         else:
             lines = (f"indexer: vLLM's own ({plan.reason})",)
+        if model is not None and not model.dsv32_module and model.path_note:
+            lines += (f"{model.label}: {model.path_note}",)
         return IndexerPart(lines, tuple(plan.blockers))
 
     # -- vLLM's code ------------------------------------------------------------------------
@@ -349,9 +366,10 @@ class Simulation:
             parallel_config=ParallelConfig(),
             speculative_config=None,
         )
-        hook = MODELS_CONFIG_MAP[model.architecture]
-        with as_current_platform(self.platform()):
-            hook.verify_and_update_config(cfg)
+        hook = MODELS_CONFIG_MAP.get(model.architecture)
+        if hook is not None:  # HY V4 has none
+            with as_current_platform(self.platform()):
+                hook.verify_and_update_config(cfg)
         after = cfg.cache_config.cache_dtype
         note = ""
         if after != kv_flag:
@@ -423,6 +441,13 @@ class Simulation:
                 for _, b, reasons in sorted(everything, key=lambda x: x[0]):
                     if "SPARSE" in b.name or b is AttentionBackendEnum.CUSTOM:
                         candidates.append((b.name, list(reasons)))
+            sink_dropped = False
+            if backend_cls is not None and getattr(
+                model_config.hf_text_config, "learnable_sink", 0
+            ):
+                bound = self._bind_sink_backend(heads, kv)
+                sink_dropped = bound is None
+                backend_cls = bound or backend_cls
         if backend_cls is None:
             return Choice(None, False, kv, error=short_error(error), candidates=candidates)
         path = f"{backend_cls.__module__}.{backend_cls.__qualname__}"
@@ -431,4 +456,30 @@ class Simulation:
             path == BACKEND_CLASS_PATH,
             _canonicalize_sparse_mla_kv_cache_dtype(backend_cls, kv),
             candidates=candidates,
+            sink_dropped=sink_dropped,
         )
+
+    def _bind_sink_backend(self, heads: int, kv: str) -> Any:
+        """HY V4's own choice after the selector's (``HYV4MLAAttention._resolve_sink_backend``,
+        vllm/models/hy_v4/nvidia/attention.py:560-641, run as is): the selected backend when it
+        takes the sink, else its sink-capable FLASHMLA_SPARSE subclass where that validates,
+        else None (the layer keeps the selector's backend and drops the sink)."""
+        from vllm.models.hy_v4.nvidia import attention as hy_attn
+
+        layer = types.SimpleNamespace(
+            kv_lora_rank=HEAD_SIZE - 64, qk_rope_head_dim=64, is_sparse=True, num_local_heads=heads
+        )
+        import torch
+        from vllm.v1.attention.selector import _cached_get_attn_backend
+
+        saved = hy_attn.current_platform  # bound at import: the platform vLLM started on
+        saved_dtype = torch.get_default_dtype()
+        hy_attn.current_platform = self.platform()
+        torch.set_default_dtype(torch.bfloat16)  # the checkpoint dtype, as under vLLM's loader
+        _cached_get_attn_backend.cache_clear()
+        try:
+            return hy_attn.HYV4MLAAttention._resolve_sink_backend(layer, kv)
+        finally:
+            hy_attn.current_platform = saved
+            torch.set_default_dtype(saved_dtype)
+            _cached_get_attn_backend.cache_clear()
