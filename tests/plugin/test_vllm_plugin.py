@@ -76,7 +76,9 @@ def test_unsupported_vllm_version_registers_nothing(monkeypatch, caplog):
 
     monkeypatch.setattr(plugin, "_state", {"done": False, "registered": False, "reason": ""})
     monkeypatch.setattr(registry, "_ATTN_OVERRIDES", {})
-    monkeypatch.setattr(plugin.metadata, "version", lambda name: "0.35.1")
+    from triton_mla_sparse.vllm_plugin import vllm_signatures
+
+    monkeypatch.setattr(vllm_signatures.metadata, "version", lambda name: "0.35.1")
     with caplog.at_level(logging.INFO, logger="vllm.triton_mla_sparse"):
         assert plugin.register() is False
         assert plugin.register() is False

@@ -29,16 +29,15 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from importlib import metadata
+
+from .vllm_signatures import SUPPORTED_VLLM, vllm_version_supported
 
 BACKEND_NAME = "TRITON_MLA_SPARSE"
 BACKEND_CLASS_PATH = "triton_mla_sparse.vllm_plugin.backend.TritonMLASparseBackend"
 # vLLM's backend and selection internals this plugin builds on change between minor releases.
-SUPPORTED_VLLM = ((0, 33), (0, 34))  # [lower, upper)
 AUTOSELECT_ENV = "TRITON_MLA_SPARSE_AUTOSELECT"
 # vLLM kv-cache dtype -> the kernel's kv_format: the cache dtypes the backend serves. Here, not in
 # backend.py, so that tools without vLLM (doctor) read the same table.
@@ -90,27 +89,6 @@ def autoselect_enabled(env: Mapping[str, str] | None = None) -> bool:
     automatic selection on: anything but 0/false/no/off, unset included."""
     env = os.environ if env is None else env
     return env.get(AUTOSELECT_ENV, "1").strip().lower() not in _OFF
-
-
-def _parse_version(version: str) -> tuple[int, int, int]:
-    nums = [int(x) for x in re.findall(r"\d+", version.split("+")[0])[:3]]
-    return tuple(nums + [0] * (3 - len(nums)))  # type: ignore[return-value]
-
-
-def vllm_version_supported(version: str | None = None) -> tuple[bool, str]:
-    """Whether the installed (or given) vLLM version is one this plugin supports, and why not."""
-    if version is None:
-        try:
-            version = metadata.version("vllm")
-        except metadata.PackageNotFoundError:
-            return False, "vllm is not installed"
-    lo, hi = SUPPORTED_VLLM
-    if not (lo <= _parse_version(version)[:2] < hi):
-        return False, (
-            f"vllm {version} is outside the supported range "
-            f">={lo[0]}.{lo[1]},<{hi[0]}.{hi[1]} (its sparse MLA backend API differs)"
-        )
-    return True, ""
 
 
 def is_registered() -> bool:

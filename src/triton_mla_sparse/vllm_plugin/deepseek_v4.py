@@ -23,7 +23,6 @@ never overridden.
 from __future__ import annotations
 
 import functools
-import importlib.abc
 import importlib.util
 import inspect
 import logging
@@ -34,7 +33,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .import_hook import after_import
+from .import_hook import remove as remove_hooks
 from .vllm_signatures import V4_RECORD_CACHE_DTYPES
+
+HOOK_OWNER = "deepseek_v4"  # this module's import hooks (import_hook.after_import)
 
 ENV = "TRITON_MLA_SPARSE_DSV4"
 MODES = ("auto", "triton", "off")
@@ -240,42 +243,13 @@ def uninstall() -> None:
             setattr(module, SELECTOR, _state["original"])
         _state["original"] = None
         _state["logged"].clear()
-        for f in [f for f in sys.meta_path if isinstance(f, _AfterImport)]:
-            sys.meta_path.remove(f)
+        remove_hooks(HOOK_OWNER)
 
 
 def installed() -> bool:
     """Whether vLLM's DeepSeek-V4 selector currently holds the plugin's wrapper."""
     module = sys.modules.get(MODEL_MODULE)
     return module is not None and bool(getattr(getattr(module, SELECTOR, None), MARK, False))
-
-
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs ``hook`` once ``name`` has been executed (an import hook on one module)."""
-
-    def __init__(self, name: str, hook: Callable[[], None]) -> None:
-        self.name, self.hook = name, hook
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname != self.name:
-            return None
-        sys.meta_path.remove(self)  # once; and find the real spec without us
-        spec = importlib.util.find_spec(fullname)
-        if spec is None or spec.loader is None:
-            return spec
-        loader, hook = spec.loader, self.hook
-
-        class _Loader(importlib.abc.Loader):
-            def create_module(self, spec: Any) -> Any:
-                return loader.create_module(spec)
-
-            def exec_module(self, module: Any) -> None:
-                loader.exec_module(module)
-                module.__loader__ = module.__spec__.loader = loader  # as if never hooked
-                hook()
-
-        spec.loader = _Loader()
-        return spec
 
 
 def install(env: Mapping[str, str] | None = None) -> bool:
@@ -299,8 +273,5 @@ def install(env: Mapping[str, str] | None = None) -> bool:
             )
 
     with _lock:
-        if MODEL_MODULE in sys.modules:
-            run()
-        elif not any(isinstance(f, _AfterImport) for f in sys.meta_path):
-            sys.meta_path.insert(0, _AfterImport(MODEL_MODULE, run))
+        after_import(MODEL_MODULE, run, HOOK_OWNER)
     return True

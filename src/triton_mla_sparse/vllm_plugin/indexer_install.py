@@ -41,7 +41,6 @@ already is), so processes that never build a DSA model import nothing more:
 from __future__ import annotations
 
 import importlib
-import importlib.abc
 import importlib.util
 import logging
 import os
@@ -51,6 +50,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from .import_hook import after_import
 from .vllm_signatures import (
     FP8_FREE_TARGETS,
     INDEXER_OP,
@@ -59,7 +59,10 @@ from .vllm_signatures import (
     SAI,
     signature_error,
     trigger_of,
+    vllm_version_supported,
 )
+
+HOOK_OWNER = "indexer"  # this module's import hooks (import_hook.after_import)
 
 ENV = "TRITON_MLA_SPARSE_INDEXER"
 MODES = ("auto", "triton", "off")
@@ -133,7 +136,6 @@ def indexer_plan(
         return IndexerPlan(
             False, (), f"{ENV}=off: vLLM's own indexer path is used", _stock_blockers(capability)
         )
-    from . import vllm_version_supported
 
     ok, why = vllm_version_supported()
     if not ok:
@@ -288,34 +290,6 @@ def installed_targets() -> tuple[str, ...]:
     return tuple(out)
 
 
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs ``hook`` once ``name`` has been executed (an import hook on one module)."""
-
-    def __init__(self, name: str, hook: Callable[[], None]) -> None:
-        self.name, self.hook = name, hook
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname != self.name:
-            return None
-        sys.meta_path.remove(self)  # once; and find the real spec without us
-        spec = importlib.util.find_spec(fullname)
-        if spec is None or spec.loader is None:
-            return spec
-        loader, hook = spec.loader, self.hook
-
-        class _Loader(importlib.abc.Loader):
-            def create_module(self, spec: Any) -> Any:
-                return loader.create_module(spec)
-
-            def exec_module(self, module: Any) -> None:
-                loader.exec_module(module)
-                module.__loader__ = module.__spec__.loader = loader  # as if never hooked
-                hook()
-
-        spec.loader = _Loader()
-        return spec
-
-
 def _device_capability() -> tuple[int, int] | None:
     from vllm.platforms import current_platform
 
@@ -369,9 +343,5 @@ def install(capability: tuple[int, int] | None = None, *, detect: bool = True) -
         groups.setdefault(trigger_of(target), []).append(target)
     with _lock:
         for module, targets in groups.items():
-            run = _installer(replace(plan, targets=tuple(targets)))
-            if module in sys.modules:
-                run()
-            elif not any(isinstance(f, _AfterImport) and f.name == module for f in sys.meta_path):
-                sys.meta_path.insert(0, _AfterImport(module, run))
+            after_import(module, _installer(replace(plan, targets=tuple(targets))), HOOK_OWNER)
     return plan

@@ -11,6 +11,8 @@ differs is left alone rather than half-patched. Update this table (and the adapt
 from __future__ import annotations
 
 import inspect
+import re
+from importlib import metadata
 from typing import Any
 
 VLLM_VERSION = "0.33.0"  # the release these signatures were read from
@@ -165,3 +167,28 @@ def signature_error(target: str, obj: Any) -> str | None:
 # fp8_ds_mla layout, uint8 pages); every other value gets plain bf16 rows [blocks, page, 512]
 # (vllm/models/deepseek_v4/attention.py:94-129). The plugin's layer reads either in place.
 V4_RECORD_CACHE_DTYPES = ("fp8", "fp8_e4m3", "fp8_ds_mla")
+
+
+# The vLLM releases whose sparse MLA backend API the plugin targets: [lower, upper)
+SUPPORTED_VLLM = ((0, 33), (0, 34))  # [lower, upper)
+
+
+def _parse_version(version: str) -> tuple[int, int, int]:
+    nums = [int(x) for x in re.findall(r"\d+", version.split("+")[0])[:3]]
+    return tuple(nums + [0] * (3 - len(nums)))  # type: ignore[return-value]
+
+
+def vllm_version_supported(version: str | None = None) -> tuple[bool, str]:
+    """Whether the installed (or given) vLLM version is one this plugin supports, and why not."""
+    if version is None:
+        try:
+            version = metadata.version("vllm")
+        except metadata.PackageNotFoundError:
+            return False, "vllm is not installed"
+    lo, hi = SUPPORTED_VLLM
+    if not (lo <= _parse_version(version)[:2] < hi):
+        return False, (
+            f"vllm {version} is outside the supported range "
+            f">={lo[0]}.{lo[1]},<{hi[0]}.{hi[1]} (its sparse MLA backend API differs)"
+        )
+    return True, ""
