@@ -23,6 +23,7 @@ pytestmark = pytest.mark.vllm
 from triton_mla_sparse.kv_format import quantize_indexer_k, write_indexer_cache  # noqa: E402
 from triton_mla_sparse.reference import rope_reference  # noqa: E402
 from triton_mla_sparse.vllm_plugin import indexer_install as inst  # noqa: E402
+from triton_mla_sparse.workloads import DSV32_SOFTMAX_SCALE  # noqa: E402
 
 from .cpu_vllm import common_metadata, cpu_vllm_config, mla_sparse_impl  # noqa: E402
 from .test_vllm_indexer_glue import (  # noqa: E402
@@ -35,7 +36,7 @@ HEADS, IH, ID = 16, 8, 128  # attention heads per rank; index heads, index head 
 BLOCK, NUM_BLOCKS = 64, 12
 TOPK = 128  # vLLM's top-k -> physical conversion needs a width that is a multiple of 128
 MAX_TOKENS = 64
-SCALE = 192**-0.5
+SCALE = DSV32_SOFTMAX_SCALE
 PREFIX = "layer.0.indexer.k_cache"
 # (query_len, seq_len): two decodes and a 5-token extend (a prefill for the indexer, whose
 # decode threshold is next_n = 1; the MLA builder counts it as a decode: both as in vLLM)

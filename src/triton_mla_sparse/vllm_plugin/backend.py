@@ -40,6 +40,7 @@ from vllm.v1.attention.ops.metadata import compute_token_to_req_indices
 from vllm.v1.kv_cache_interface import AttentionSpec
 
 from triton_mla_sparse import sparse_mla
+from triton_mla_sparse.kv_format import INDEXER_BLOCK_SIZE
 
 from . import BACKEND_NAME, KV_FORMAT_OF
 
@@ -58,8 +59,9 @@ class TritonMLASparseBackend(AttentionBackend):
 
     @staticmethod
     def get_supported_kernel_block_sizes(kv_cache_spec: Any = None) -> list[int | MultipleOf]:
-        # The kernel reads flat rows at any page size; the DSV3.2 indexer needs 64.
-        return [MultipleOf(64)]
+        # The kernel reads flat rows at any page size; the DSA indexer's K cache shares the MLA
+        # cache's blocks and its paged logits need pages of INDEXER_BLOCK_SIZE (64) tokens.
+        return [MultipleOf(INDEXER_BLOCK_SIZE)]
 
     @classmethod
     def customize_spec(cls, spec: AttentionSpec) -> AttentionSpec:
