@@ -76,6 +76,8 @@ E4M3_DECODE_DEFAULT = "scalar"
 # The per-group-scaled e4m3 formats: one kernel structure (scaled chunks folded into the logits
 # and into P), the same tiles.
 SCALED_CHUNK_FORMATS = ("fp8_ds_mla", "fp8_ds_mla_v4")
+# NVIDIA targets whose 64-head fp8_ds_mla_v4 tile compiles without large spills (max_block_h)
+V4_H64_CCS = (90, 100)
 
 
 def max_block_h(dtype: torch.dtype, kv_format: str, arch: Arch) -> int:
@@ -88,6 +90,12 @@ def max_block_h(dtype: torch.dtype, kv_format: str, arch: Arch) -> int:
         return 64 if arch.smem_bytes >= SMEM_227KB_CLASS else 32
     if small_smem and kv_format not in SCALED_CHUNK_FORMATS:
         return 32
+    if kv_format == "fp8_ds_mla_v4" and arch.backend == "cuda" and int(arch.cc) not in V4_H64_CCS:
+        # Eight 64-wide accumulators and seven q chunks: at 64 heads ptxas spills 20-40 KB per
+        # thread on sm80/86/89/120 (benchmarks/codegen/sass_stats.py, Triton 3.8; sm90 368 B,
+        # sm100 56 B). 32-head tiles compile without spills on sm80 (staged), 16-head tiles on
+        # the 99 KB parts (24-32 B). A static bound, not yet timed on a GPU.
+        return 16 if small_smem else 32
     return 64
 
 
