@@ -976,6 +976,7 @@ def check_against_flashmla(p: Problem, out, lse, ref, ref_lse, decode: bool, wha
 
 
 @pytest.mark.gpu
+@pytest.mark.conformance_grid
 @pytest.mark.skipif(not HAS_GPU, reason="FlashMLA's sizes need a GPU (bf16)")
 @pytest.mark.parametrize(
     "case", [pytest.param(c, id=c.id) for c in decode_grid()] if HAS_GPU else []
@@ -987,6 +988,7 @@ def test_decode_grid(case):
 
 
 @pytest.mark.gpu
+@pytest.mark.conformance_grid
 @pytest.mark.skipif(not HAS_GPU, reason="FlashMLA's sizes need a GPU (bf16)")
 @pytest.mark.parametrize(
     "case", [pytest.param(c, id=c.id) for c in prefill_grid()] if HAS_GPU else []

@@ -11,10 +11,12 @@ package need not be installed: the checkout's ``src/`` is used)::
     python tools/gpu_check.py quick --triton /path/to/site --out DIR   # under another Triton
 
 ``quick``: the whole pytest suite (bf16 included; tests/plugin runs where vLLM is importable and
-is skipped otherwise), ``triton-mla-sparse verify``, and the ahead-of-time compile test for this
-GPU's own target. ``full`` adds, one part each: compute-sanitizer (memcheck, initcheck,
-racecheck) over every configuration the heuristics choose, CUDA-graph replay with new inputs, and
-the sm80/86/89 code paths compiled for their target and run here by PTX JIT
+is skipped otherwise) except FlashMLA's full conformance grids, ``triton-mla-sparse verify``, and
+the ahead-of-time compile test for this GPU's own target. ``full`` adds, one part each:
+compute-sanitizer (memcheck, initcheck, racecheck) over every configuration the heuristics
+choose, CUDA-graph replay with new inputs, the sm80/86/89 code paths compiled for their target and
+run here by PTX JIT, and FlashMLA's sparse test grids at FlashMLA's sizes
+(tests/test_flashmla_conformance.py, marker ``conformance_grid``; thousands of cases)
 (benchmarks/reliability/: reliability.py, sanitize.sh; docs/RELIABILITY.md says what each
 checks).
 
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import os
 import re
@@ -51,6 +54,8 @@ STEP_LIMIT_S = 570  # every step, and so every part, ends inside a 10-minute win
 # seven racecheck parts of these sizes.
 SANITIZE_SLICES = {"memcheck": 522, "initcheck": 522, "racecheck": 261}
 SANITIZE_CASES = 1673
+# FlashMLA's full sparse test grids: too many cases for quick, one part of full
+CONFORMANCE_MARK = "conformance_grid"
 EMULATE_SLICE = 350
 EMULATE_CASES = {80: 694, 86: 380, 89: 380}
 
@@ -83,6 +88,7 @@ def _parts() -> list[tuple[str, str, int]]:
         for k in range(-(-SANITIZE_CASES // per)):
             parts.append((f"{tool}-{k}", tool, k))
     parts.append(("graph", "graph", 0))
+    parts.append(("conformance", "conformance", 0))
     for cc, n in EMULATE_CASES.items():
         for k in range(-(-n // EMULATE_SLICE)):
             parts.append((f"emulate{cc}-{k}", f"emulate{cc}", k))
@@ -111,7 +117,7 @@ def quick_steps(args: argparse.Namespace, info: dict) -> list[Step]:
             "pytest",
             pytest
             + jobs
-            + ["tests", "--ignore=tests/test_compile.py"]
+            + ["tests", "--ignore=tests/test_compile.py", "-m", f"not {CONFORMANCE_MARK}"]
             + ["--junitxml", str(Path(args.out) / "pytest.xml")],
         ),
         Step("verify", [sys.executable, "-m", "triton_mla_sparse.cli.main", "verify"]),
@@ -131,6 +137,12 @@ def part_steps(part: str, args: argparse.Namespace) -> list[Step]:
     if suite in SANITIZE_SLICES:
         per = SANITIZE_SLICES[suite]
         return sanitize_steps(suite, k * per, per, out / part, args)
+    if suite == "conformance":
+        pytest = [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider"]
+        if args.jobs > 1 and importlib.util.find_spec("xdist") is not None:
+            pytest += ["-n", str(args.jobs)]
+        grid = ["tests/test_flashmla_conformance.py", "-m", CONFORMANCE_MARK]
+        return [Step(part, pytest + grid + ["--junitxml", str(out / "conformance.xml")])]
     if suite == "graph":
         return [
             Step(part, rel + ["--suite", "graph", "--jobs", "8", "--log", str(out / "graph.json")])
