@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import DEVICE
 from flashmla_fake import FakeInterface
 
 import triton_mla_sparse
@@ -110,10 +111,10 @@ def test_v4_inputs_are_vllms():
 
 
 def test_tiny_run_checks_against_the_reference(monkeypatch):
-    """Under the interpreter (fp16, 2 tokens): the reference check passes, and fails a kernel
-    that leaves out the extra set (so the check is of both sets)."""
+    """fp16, 2 tokens, on the GPU where there is one (else the interpreter): the reference check
+    passes, and fails a kernel that leaves out the extra set (so the check is of both sets)."""
     case = deepseek_v4_case(2, 16, dtype=torch.float16, holes=True, **SMALL)
-    res = run_case(case, CPU, time_it=False)
+    res = run_case(case, DEVICE, time_it=False)
     assert res.passed and res.err <= sparse_mla_tolerance(torch.float16).out_rtol
     assert res.topk == 128 + 512 and res.us is None
     assert res.config.startswith("h16 ")
@@ -125,7 +126,7 @@ def test_tiny_run_checks_against_the_reference(monkeypatch):
         return real(*a, **kw)
 
     monkeypatch.setattr(triton_mla_sparse, "sparse_mla", without_extra)
-    res = run_case(case, CPU, time_it=False)
+    res = run_case(case, DEVICE, time_it=False)
     assert not res.passed and res.err > 1e-1
 
 

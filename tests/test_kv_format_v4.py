@@ -22,7 +22,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 import torch
-from conftest import HAS_GPU, require_vllm
+from conftest import DEVICE, HAS_GPU, require_vllm
 
 from triton_mla_sparse.kv_format import (
     DS_V4_DATA_BYTES,
@@ -471,11 +471,10 @@ def test_dequantize_cache_and_reference_read_pages():
 def test_kernel_reads_v4_record():
     """The kernel lists the format (tests/test_sparse_mla_v4.py checks what it computes)."""
     assert "fp8_ds_mla_v4" in KV_FORMATS and "fp8_ds_mla_v4" in REFERENCE_KV_FORMATS
-    cache = pack_fp8_ds_mla_v4(torch.randn(8, DS_V4_WIDTH), 4)
-    q = torch.randn(2, 4, DS_V4_WIDTH)
-    plan = sparse_mla_plan(
-        q, cache, torch.zeros(2, 1, dtype=torch.int32), kv_format="fp8_ds_mla_v4"
-    )
+    cache = pack_fp8_ds_mla_v4(torch.randn(8, DS_V4_WIDTH), 4).to(DEVICE)
+    q = torch.randn(2, 4, DS_V4_WIDTH, device=DEVICE)
+    indices = torch.zeros(2, 1, dtype=torch.int32, device=DEVICE)
+    plan = sparse_mla_plan(q, cache, indices, kv_format="fp8_ds_mla_v4")
     assert plan.family == "ds_mla_v4"
 
 
