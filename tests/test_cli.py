@@ -411,6 +411,37 @@ def test_ptx_jit_refusal_accepts_newer_nvidia_gpus():
     assert ptx_jit.path_label(80, "NVIDIA H200") == "sm80 path by PTX JIT on NVIDIA H200"
 
 
+@pytest.mark.skipif(
+    not HAS_GPU or torch.version.hip is not None, reason="runs sm_8x PTX through the CUDA driver"
+)
+def test_emulated_targets_one_after_another_in_one_process():
+    """bench --arch and benchmarks/perf/targets.py emulate several targets in one process: each
+    emulation must build and run its own target's code (the probe and every sparse_mla kernel),
+    not the binaries an earlier target left in the kernels' in-memory caches, and the kernels
+    must pass the reference check under each."""
+    from triton_mla_sparse.ops.sparse_mla import kernels
+    from triton_mla_sparse.testing import ptx_jit
+
+    dev = torch.device("cuda")
+    cap = torch.cuda.get_device_capability(dev)
+    ccs = [cc for cc in (80, 89, 86) if ptx_jit.refusal(cc, cap, hip=False) is None]
+    if len(ccs) < 2:
+        pytest.skip(f"this GPU (sm{cap[0]}{cap[1]}) runs fewer than two sm_8x targets by PTX JIT")
+    case = Case("c", 2, 16, rows=2048, topk=128, kv_format="fp8_ds_mla", holes=True)
+    for cc in ccs + ccs[:1]:  # and back to the first
+        emu = ptx_jit.enable(cc, reset=kernels.JIT_KERNELS)
+        try:
+            ptx_jit.check_jit(emu, dev)
+            res = run_case(case, dev, time_it=False)
+            assert res.passed, (cc, res.err)
+            built = [
+                ptx_jit.describe(k) for kern in kernels.JIT_KERNELS for k in ptx_jit.loaded(kern)
+            ]
+            assert built and all(b.is_ptx and b.target == f"sm_{cc}" for b in built), (cc, built)
+        finally:
+            emu.disable()
+
+
 def test_bench_arch_labels_every_row_and_the_json(monkeypatch, tmp_path, capsys):
     """The table, the JSON and the CSV of an emulated run name the path on every row, FlashMLA's
     column says native, and a kernel bigger than the target's shared memory fails its case.

@@ -192,12 +192,7 @@ def path_context(path: KernelPath, device):
     )
     if why is not None:
         raise ptx_jit.EmulationUnavailable(why)
-    reset = [
-        kernels.sparse_mla_latent_fwd_kernel,
-        kernels.sparse_mla_ds_mla_fwd_kernel,
-        kernels.sparse_mla_merge_kernel,
-    ]
-    emu = ptx_jit.enable(path.cc, reset=reset)
+    emu = ptx_jit.enable(path.cc, reset=kernels.JIT_KERNELS)
     try:
         ptx_jit.check_jit(emu, device)
         yield emu

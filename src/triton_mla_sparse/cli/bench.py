@@ -261,13 +261,7 @@ def start_emulation(cc: int, device):
     why = ptx_jit.refusal(cc, torch.cuda.get_device_capability(device), hip)
     if why is None:
         # kernels launched before would keep their native binaries: start them afresh
-        reset = [
-            kernels.sparse_mla_latent_fwd_kernel,
-            kernels.sparse_mla_ds_mla_fwd_kernel,
-            kernels.sparse_mla_ds_mla_v4_fwd_kernel,
-            kernels.sparse_mla_merge_kernel,
-        ]
-        emu = ptx_jit.enable(cc, reset=reset)
+        emu = ptx_jit.enable(cc, reset=kernels.JIT_KERNELS)
         try:
             ptx_jit.check_jit(emu, device)
             return emu

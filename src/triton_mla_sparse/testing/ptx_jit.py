@@ -302,6 +302,9 @@ def check_jit(emu: Emulation, device: Any) -> None:
 
     from ._ptx_probe import probe_kernel
 
+    # the probe keeps its binaries per device, not per target: an earlier emulation's (or the
+    # native) build would be launched again, so every check compiles it afresh
+    probe_kernel.device_caches.clear()
     x = torch.zeros(_PROBE_N, dtype=torch.float32, device=device)
     try:
         compiled = probe_kernel[(1,)](x, _PROBE_N, BLOCK=_PROBE_N)

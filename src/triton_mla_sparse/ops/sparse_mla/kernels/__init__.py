@@ -15,7 +15,17 @@ from .ds_mla_v4 import sparse_mla_ds_mla_v4_fwd_kernel
 from .latent import sparse_mla_latent_fwd_kernel
 from .merge import sparse_mla_merge_kernel
 
+# every kernel sparse_mla launches: what must start afresh when the compile target changes in a
+# running process (each JITFunction keeps its compiled binaries per device, not per target)
+JIT_KERNELS = (
+    sparse_mla_latent_fwd_kernel,
+    sparse_mla_ds_mla_fwd_kernel,
+    sparse_mla_ds_mla_v4_fwd_kernel,
+    sparse_mla_merge_kernel,
+)
+
 __all__ = [
+    "JIT_KERNELS",
     "sparse_mla_ds_mla_fwd_kernel",
     "sparse_mla_ds_mla_v4_fwd_kernel",
     "sparse_mla_latent_fwd_kernel",
