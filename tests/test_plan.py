@@ -260,12 +260,46 @@ def test_e4m3_decode_constexprs_are_the_kernels_constants():
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_e4m3_decode_defaults_to_scalar_everywhere(fmt):
+def test_e4m3_decode_is_scalar_except_sm80_fp8_ds_mla(fmt):
+    """Only sm80's fp8_ds_mla path was timed with the packed forms; every other target and
+    format keeps the scalar decode, and so does sm80 under the interpreter."""
     for arch in TARGETS:
-        plan = plan_for(128, 16, 2048, fmt=fmt, arch=arch)
-        assert plan.config.e4m3_decode == "scalar"
-        if fmt != "auto":  # the bf16 latent kernel takes it too (it decodes nothing)
-            assert plan.constexprs["E4M3_DECODE"] == 0
+        for tokens, heads in ((1, 16), (128, 16), (128, 128)):
+            plan = plan_for(tokens, heads, 2048, fmt=fmt, arch=arch)
+            packed = fmt == "fp8_ds_mla" and arch.backend == "cuda" and int(arch.cc) == 80
+            assert (plan.config.e4m3_decode != "scalar") == packed, (arch, tokens, heads)
+            if fmt != "auto":  # the bf16 latent kernel takes it too (it decodes nothing)
+                assert (plan.constexprs["E4M3_DECODE"] != 0) == packed
+            interpreted = plan_for(tokens, heads, 2048, fmt=fmt, arch=arch, on_gpu=False)
+            assert interpreted.config.e4m3_decode == "scalar"
+
+
+@pytest.mark.parametrize(
+    "tokens, heads, want",
+    [
+        (1, 8, "packed-nomask"),  # the latency regime: unmasked at every head count
+        (16, 16, "packed-nomask"),
+        (17, 16, "packed"),
+        (64, 16, "packed"),  # longer loops in 16-head tiles: the staging mask pays
+        (128, 8, "packed"),
+        (64, 64, "packed-nomask"),  # 64-head tiles: unmasked
+        (128, 128, "packed-nomask"),
+    ],
+)
+def test_sm80_fp8_ds_mla_takes_the_measured_packed_form(tokens, heads, want):
+    plan = plan_for(tokens, heads, 2048, fmt="fp8_ds_mla", arch=A100)
+    assert plan.config.stage_dequant and plan.config.e4m3_decode == want
+    # a forced hardware decode needs none, and an explicit choice is kept
+    native = KernelConfig(16, 32, 4, 2, stage_dequant=True, fp8_native=True)
+    assert (
+        plan_for(tokens, 16, 2048, fmt="fp8_ds_mla", arch=A100, config=native).config.e4m3_decode
+        == "scalar"
+    )
+    scalar = KernelConfig(16, 32, 4, 2, stage_dequant=True, e4m3_decode="scalar")
+    assert (
+        plan_for(tokens, 16, 2048, fmt="fp8_ds_mla", arch=A100, config=scalar).config.e4m3_decode
+        == "scalar"
+    )
 
 
 @pytest.mark.parametrize(

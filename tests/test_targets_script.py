@@ -29,15 +29,16 @@ def test_the_grid_is_the_target_grid(targets):
     runs = targets.plan_runs(list(targets.PATH_BY_NAME), native_cc=90)
     assert len(runs) == len(set(runs))
     # 4 token counts x 4 head counts decode + 2 prefills, per format: 2 formats on three paths,
-    # fp8_ds_mla alone on the two packed variants
+    # fp8_ds_mla alone on the three forced e4m3 decodes
     per_format = 4 * 4 + 2
-    assert len(runs) == per_format * (2 * 3 + 2)
+    assert len(runs) == per_format * (2 * 3 + 3)
     shapes = {(r.kind, r.tokens, r.heads) for r in runs}
     assert shapes == {("decode", t, h) for t in (1, 16, 64, 128) for h in (8, 16, 64, 128)} | {
         ("prefill", 4096, 64),
         ("prefill", 4096, 128),
     }
-    assert {r.kv_format for r in runs if "packed" in r.path} == {"fp8_ds_mla"}
+    forced = {"sm80-scalar", "sm80-packed", "sm80-packed-nomask"}
+    assert {r.kv_format for r in runs if r.path in forced} == {"fp8_ds_mla"}
 
 
 def test_rows_with_targets_run_first(targets):

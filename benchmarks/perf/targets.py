@@ -7,8 +7,9 @@ The grid: decode 1, 16, 64, 128 tokens x 8, 16, 64, 128 heads and prefill 4096 t
 128 heads, top-k 2048, bf16 and fp8_ds_mla caches, for each path: ``native`` (this GPU's own
 kernels), ``sm80`` and ``sm89`` (those targets' kernels and heuristics run through the driver's
 PTX JIT: ``triton_mla_sparse.testing.ptx_jit``; their times are this GPU's, not an A100's or
-L40S's, and every row says so), and ``sm80-packed`` / ``sm80-packed-nomask`` (the sm80 path with
-KernelConfig.e4m3_decode's packed forms, fp8_ds_mla rows only). Every call is checked against
+L40S's, and every row says so), and ``sm80-scalar`` / ``sm80-packed`` / ``sm80-packed-nomask``
+(the sm80 path with each KernelConfig.e4m3_decode form forced, fp8_ds_mla rows only; ``sm80``
+itself takes the heuristics' choice). Every call is checked against
 the PyTorch reference before it is timed (``triton_mla_sparse.bench.run_case``); FlashMLA (as
 vLLM 0.33 calls it) runs natively beside each shape where it can; the floor is the bytes a call
 must read at the copy bandwidth measured in this run (or its FLOPs at the matmul rate measured
@@ -62,6 +63,7 @@ PATHS = (
     KernelPath("native"),
     KernelPath("sm80", 80),
     KernelPath("sm89", 89),
+    KernelPath("sm80-scalar", 80, "scalar"),
     KernelPath("sm80-packed", 80, "packed"),
     KernelPath("sm80-packed-nomask", 80, "packed-nomask"),
 )
@@ -107,7 +109,7 @@ class Target:
         return f"<= {self.bound:g}x {'floor' if self.metric == 'x_floor' else 'FlashMLA'}"
 
 
-EMULATED = ("sm80", "sm89", "sm80-packed", "sm80-packed-nomask")
+EMULATED = ("sm80", "sm89", "sm80-scalar", "sm80-packed", "sm80-packed-nomask")
 FEW_HEADS, MANY_HEADS = (8, 16), (64, 128)
 LONG_DECODE = (64, 128)
 TARGETS = (

@@ -9,7 +9,7 @@ import json
 import sys
 
 from ..kv_format import KV_FORMATS
-from ..ops.sparse_mla.heuristics import E4M3_DECODES
+from ..ops.sparse_mla.heuristics import E4M3_DECODES, e4m3_decode_for
 from ..testing.ptx_jit import EMULATED_CCS
 from .common import environment, environment_line, gpu_device, num, table, write_csv
 
@@ -272,15 +272,26 @@ def start_emulation(cc: int, device):
     return None
 
 
-def _decode_variants(case, default, decodes, fp8_native: bool) -> list:
-    """(config, note) per run of ``case``: the path's own choice (config None), then each
-    --e4m3-decode form on its chosen tiles, where one applies (note: why one is skipped)."""
+def _decode_variants(case, default, decodes, arch) -> list:
+    """(config, note) per run of ``case`` on ``arch``: the path's own choice (config None), then
+    each other --e4m3-decode form on its chosen tiles, where one applies (note: why one is
+    skipped)."""
     runs = [(None, None)]
     if not decodes or case.kv_format not in E4M3_DECODE_BENCH_FORMATS:
         return runs
+    fp8_native = arch.fp8_native
+    chosen = default.e4m3_decode or e4m3_decode_for(
+        case.tokens,
+        default.block_h,
+        case.kv_format,
+        arch,
+        stage_dequant=default.stage_dequant,
+        fp8_native=fp8_native,
+        on_gpu=True,
+    )
     for d in decodes:
         cfg = dataclasses.replace(default, e4m3_decode=d)
-        if d == "scalar" and default.e4m3_decode in (None, "scalar"):
+        if d == chosen:
             continue  # the default run is this one
         if d == "packed-nomask" and not default.stage_dequant:
             runs.append((None, f"{d}: skipped, this path does not stage {case.kv_format} tiles"))
@@ -357,7 +368,7 @@ def _bench(args: argparse.Namespace, device, emu) -> int:
     for case in cases:
         width = min(case.topk, -(-case.rows // PAGE) * PAGE)  # make_inputs' top-k width
         default = choose_config(case.tokens, case.heads, width, case.dtype, case.kv_format, arch)
-        for cfg, note in _decode_variants(case, default, args.e4m3_decode, arch.fp8_native):
+        for cfg, note in _decode_variants(case, default, args.e4m3_decode, arch):
             if note is not None:
                 notes.append(f"{case.kv_format} {case.name}: {note}")
             else:

@@ -26,6 +26,7 @@ __all__ = [
     "arch_of",
     "block_h_for",
     "choose_config",
+    "e4m3_decode_for",
     "fp16_mma_for",
     "max_block_h",
     "num_splits_for",
@@ -63,15 +64,18 @@ class KernelConfig:
     # e4m3 caches without hardware fp8 (fp8_native False: sm80/86, or forced): "scalar" decodes
     # one value per chain of integer operations; "packed" four values per inline-PTX call
     # (NVIDIA only); "packed-nomask" also drops fp8_ds_mla's staging mask (the cast then feeds
-    # the staged tile unmasked). None: the architecture's choice, E4M3_DECODE_DEFAULT. Not yet
-    # timed on a GPU (docs/perf-log/12-packed-e4m3-sass.txt): the default stays "scalar".
+    # the staged tile unmasked). None: the architecture's choice (e4m3_decode_for).
     e4m3_decode: str | None = None
 
 
-# KernelConfig.e4m3_decode's values, and the choice when it is None (every architecture, until a
-# GPU measurement favours another).
+# KernelConfig.e4m3_decode's values, and the form every path takes where no measurement chose
+# another (e4m3_decode_for): the only one that runs everywhere (interpreter, AMD).
 E4M3_DECODES = ("scalar", "packed", "packed-nomask")
 E4M3_DECODE_DEFAULT = "scalar"
+# Targets whose packed-decode choice was timed (their code by PTX JIT on an H200), and the token
+# count up to which a call is in the latency regime (few short gather loops per program).
+PACKED_DECODE_CCS = (80,)
+SHORT_DECODE_TOKENS = 16
 
 # The per-group-scaled e4m3 formats: one kernel structure (scaled chunks folded into the logits
 # and into P), the same tiles.
@@ -145,6 +149,38 @@ def tile_config(
         # per-tensor fp8 cache measured the other way round (125 vs 110 us).
         return KernelConfig(block_h, 32, warps, 3, idx_ahead=True)
     return KernelConfig(block_h, 32 if small else 64, warps, 2)
+
+
+def e4m3_decode_for(
+    num_tokens: int,
+    block_h: int,
+    kv_format: str,
+    arch: Arch,
+    *,
+    stage_dequant: bool,
+    fp8_native: bool,
+    on_gpu: bool,
+) -> str:
+    """The integer e4m3 decode's form for one call (KernelConfig.e4m3_decode left None).
+
+    sm80's fp8_ds_mla path (timed as its PTX on an H200, Triton 3.8, PERFORMANCE.md log 20):
+    the packed decode without the staging mask at <= 16 tokens and in 64-head tiles (8-17%
+    faster than "scalar" at 1-16 tokens, 6% at 64 x 64, within 1% at 64-128 x 128), the masked
+    packed decode in smaller head blocks from 64 tokens on (1.5-3% faster; the unmasked one
+    is 2-4% slower there). "scalar" everywhere else: the interpreter and AMD cannot run the
+    inline PTX, hardware fp8 needs no integer decode, and no other target or format was timed.
+    """
+    if (
+        not on_gpu
+        or fp8_native
+        or arch.backend != "cuda"
+        or int(arch.cc) not in PACKED_DECODE_CCS
+        or kv_format != "fp8_ds_mla"
+    ):
+        return E4M3_DECODE_DEFAULT
+    if stage_dequant and (block_h >= 64 or num_tokens <= SHORT_DECODE_TOKENS):
+        return "packed-nomask"
+    return "packed"
 
 
 def num_splits_for(programs: int, width: int, block_n: int, num_sms: int, block_h: int = 16) -> int:

@@ -20,6 +20,7 @@ from .heuristics import (
     E4M3_DECODES,
     KernelConfig,
     choose_config,
+    e4m3_decode_for,
     fp16_mma_for,
     split_len_for,
 )
@@ -228,7 +229,16 @@ def make_plan(
         fp8_native=fp8_native,
         pdl=pdl,
         fp16_mma=fp16_mma,
-        e4m3_decode=cfg.e4m3_decode or E4M3_DECODE_DEFAULT,
+        e4m3_decode=cfg.e4m3_decode
+        or e4m3_decode_for(
+            num_tokens,
+            cfg.block_h,
+            kv_format,
+            arch,
+            stage_dequant=cfg.stage_dequant,
+            fp8_native=fp8_native,
+            on_gpu=on_gpu,
+        ),
     )
     check_e4m3_decode(cfg, arch, on_gpu)
     num_hb = -(-num_heads // cfg.block_h)
