@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -108,9 +109,31 @@ def _base_env(args: argparse.Namespace) -> dict[str, str]:
     return env
 
 
+# pytest-xdist's "worksteal" scheduling (3.2+): an idle worker takes tests queued on a busy one,
+# so the suite's longest tests (30-55 s, mostly compiling) do not all finish on one worker
+WORKSTEAL_XDIST = (3, 2)
+
+
+def _xdist_version() -> str | None:
+    try:
+        return importlib.metadata.version("pytest-xdist")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def xdist_args(jobs: int, version: str | None) -> list[str]:
+    """pytest's arguments for ``jobs`` parallel processes with pytest-xdist ``version`` (None:
+    not installed, then none)."""
+    if jobs <= 1 or not version:
+        return []
+    release = tuple(int(x) for x in version.split(".")[:2] if x.isdigit())
+    dist = ["--dist", "worksteal"] if release >= WORKSTEAL_XDIST else []
+    return ["-n", str(jobs)] + dist
+
+
 def quick_steps(args: argparse.Namespace, info: dict) -> list[Step]:
     pytest = [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider"]
-    jobs = ["-n", str(args.jobs)] if args.jobs > 1 and info["xdist"] else []
+    jobs = xdist_args(args.jobs, info.get("xdist"))
     target = info["target"]
     return [
         Step(
@@ -139,8 +162,7 @@ def part_steps(part: str, args: argparse.Namespace) -> list[Step]:
         return sanitize_steps(suite, k * per, per, out / part, args)
     if suite == "conformance":
         pytest = [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider"]
-        if args.jobs > 1 and importlib.util.find_spec("xdist") is not None:
-            pytest += ["-n", str(args.jobs)]
+        pytest += xdist_args(args.jobs, _xdist_version())
         grid = ["tests/test_flashmla_conformance.py", "-m", CONFORMANCE_MARK]
         return [Step(part, pytest + grid + ["--junitxml", str(out / "conformance.xml")])]
     if suite == "graph":
@@ -207,13 +229,14 @@ def environment(env: dict[str, str]) -> dict:
     """What the children see: GPU, compile target, torch / Triton, whether pytest-xdist is there
     (one probe); exits when no GPU is visible."""
     probe = (
-        "import importlib.util, json, torch, triton; p = torch.cuda.get_device_properties(0); "
+        "import importlib.metadata, importlib.util, json, torch, triton; p = torch.cuda.get_device_properties(0); "
         "hip = torch.version.hip is not None; "
         "print(json.dumps(dict(gpu=p.name, capability=f'{p.major}.{p.minor}', "
         "target=('hip:' + p.gcnArchName.split(':')[0]) if hip else f'cuda:{p.major}{p.minor}', "
         "torch=torch.__version__, triton=triton.__version__, triton_path=triton.__file__, "
         "cuda=torch.version.cuda or torch.version.hip, "
-        "xdist=importlib.util.find_spec('xdist') is not None)))"
+        "xdist=(importlib.util.find_spec('xdist') is not None) "
+        "and importlib.metadata.version('pytest-xdist'))))"
     )
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
     if out.returncode != 0:
