@@ -52,3 +52,30 @@ def test_e4m3_sweep_plans_on_the_path(tune, monkeypatch, cc):
             )
             assert plan.constexprs["FP8_NATIVE"] is False
     assert {"scalar", "packed"} <= seen
+
+
+@pytest.mark.parametrize("cc", [80, 86, 89, 90, 100, 120])
+def test_stage_sweep_plans_on_the_path(tune, monkeypatch, cc):
+    """Both forms of every case are plans the kernels run, the path's own tiles otherwise."""
+    arch = next(a for a in TARGETS if a.backend == "cuda" and a.cc == cc)
+    monkeypatch.setattr(tune, "arch_of", lambda device: arch)
+    cases, configs = tune.SWEEPS["stage"]
+    for case in cases:
+        staged, plain = configs(case)
+        assert staged.stage_dequant and not plain.stage_dequant
+        assert staged.block_h == plain.block_h and staged.num_splits == plain.num_splits
+        for cfg in (staged, plain):
+            plan = make_plan(
+                num_tokens=case.tokens,
+                num_heads=case.heads,
+                latent=512,
+                rope=64,
+                width=case.topk,
+                dtype=case.dtype,
+                kv_format=case.kv_format,
+                arch=arch,
+                on_gpu=True,
+                page_size=64,
+                config=cfg,
+            )
+            assert plan.constexprs["STAGE"] is cfg.stage_dequant

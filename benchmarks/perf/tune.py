@@ -1,6 +1,6 @@
 """Sweep launch configurations for key shapes on the GPU: check each against the reference, time it.
 
-    python benchmarks/perf/tune.py [--only mem,mma,small,ds,occ,ds-mma,e4m3] [--out DIR]
+    python benchmarks/perf/tune.py [--only mem,mma,small,ds,occ,ds-mma,e4m3,stage] [--out DIR]
         [--arch sm80|sm86|sm89]
 
 Prints one line per configuration and the best per case; writes every row, with the ceilings
@@ -44,6 +44,16 @@ def e4m3_forms(c: Case) -> list[KernelConfig]:
         for d in E4M3_DECODES
         if d != "packed-nomask" or base.stage_dequant
     ]
+
+
+def staged_or_not(c: Case) -> list[KernelConfig]:
+    """The path's own tiles with the e4m3 tile staged through shared memory and without (sm80's
+    packed decode gained 8-17% from un-staging at <= 16 tokens and in 64-head tiles:
+    PERFORMANCE.md log 20)."""
+    base = choose_config(
+        c.tokens, c.heads, c.topk, c.dtype, c.kv_format, arch_of(torch.device("cuda"))
+    )
+    return [dataclasses.replace(base, stage_dequant=stage) for stage in (True, False)]
 
 
 def grid(block_h, block_n, warps, stages, splits, **extra):
@@ -158,6 +168,16 @@ SWEEPS = {
             Case("decode T=128 H=16", 128, 16, kv_format="fp8"),
         ],
         e4m3_forms,
+    ),
+    # fp8_ds_mla tiles staged or not, where few gather steps per program may not amortise the
+    # staged tile's store and re-reads (every target's path; --arch for the emulated ones)
+    "stage": (
+        [
+            Case(f"decode T={t} H={h}", t, h, kv_format="fp8_ds_mla")
+            for t in (1, 4, 16, 64)
+            for h in (16, 64, 128)
+        ],
+        staged_or_not,
     ),
 }
 
