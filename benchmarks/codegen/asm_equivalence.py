@@ -13,7 +13,7 @@ calls and compiles them with ``triton.compile``).
 
 ``jobs``: the compile test's default job set (this checkout's tests/test_compile.py, loaded by
 file path), plus every configuration the heuristics choose for the ``--full`` targets (rope 64,
-serving flags). ``dump``: compile it with the source tree at PATH (default: this checkout; for
+serving flags; the V4 record rope 0). ``dump``: compile it with the source tree at PATH (default: this checkout; for
 the old side of a comparison, a ``git worktree`` of the old revision): the compile workers run
 that tree's ``tests/aot_compile.py`` with its ``src`` on their PYTHONPATH (after ``--triton``,
 a folder holding another Triton, if given), and write one file per kernel into DIR. ``diff``:
@@ -60,7 +60,8 @@ def cmd_jobs(args: argparse.Namespace) -> None:
     for arch in TARGETS:
         if tc.arch_name(arch) in full:
             for cfg in sorted(tc.chosen(arch)):
-                key, job = tc._job(arch, cfg, 64)
+                # rope 64 as the DSA models serve it; the V4 record has none (one 512-wide row)
+                key, job = tc._job(arch, cfg, 0 if cfg[5] == tc.V4 else 64)
                 jobs[key] = job
     Path(args.out).write_text(json.dumps(jobs, indent=1))
     print(f"{len(jobs)} jobs -> {args.out}")
