@@ -360,3 +360,19 @@ def test_e4m3_decodes_that_cannot_run_are_refused(fmt, cfg, arch, on_gpu, words)
     ok = dataclasses.replace(cfg, e4m3_decode="scalar")
     plan = plan_for(4, 16, 2048, fmt=fmt, arch=arch, on_gpu=on_gpu, config=ok)
     assert plan.config.e4m3_decode == "scalar"
+
+
+# --- the V4 record's head blocks --------------------------------------------------------------
+
+
+def test_v4_head_blocks_stay_where_the_compilers_do_not_spill():
+    """fp8_ds_mla_v4's 64-head tile spills everywhere but sm90/sm100 (docs/perf-log/14-*), so
+    its head block is capped: 32 heads on sm80, 16 on the 99 KB parts and on gfx942; the
+    other formats keep their blocks."""
+    want = {90: 64, 100: 64, 80: 32, 86: 16, 89: 16, 120: 16, 121: 16, "gfx942": 16}
+    for arch in TARGETS:
+        cfg = choose_config(128, 64, 640, torch.bfloat16, "fp8_ds_mla_v4", arch)
+        assert cfg.block_h == want[arch.cc], (arch, cfg)
+        assert (
+            choose_config(128, 64, 2048, torch.bfloat16, "fp8_ds_mla", arch).block_h >= cfg.block_h
+        )

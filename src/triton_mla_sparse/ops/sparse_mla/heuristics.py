@@ -94,6 +94,11 @@ def max_block_h(dtype: torch.dtype, kv_format: str, arch: Arch) -> int:
         return 64 if arch.smem_bytes >= SMEM_227KB_CLASS else 32
     if small_smem and kv_format not in SCALED_CHUNK_FORMATS:
         return 32
+    if kv_format == "fp8_ds_mla_v4" and arch.backend == "hip":
+        # gfx942 (Triton 3.8's AMDGCN): the 64-head tile spills 601 VGPRs (1,776 B of scratch),
+        # the 32-head tile 169-190 (680 B); 16 heads compile without spills (393 of 512
+        # registers). A static bound (docs/perf-log/14-v4-tiles-sass.txt), not timed.
+        return 16
     if kv_format == "fp8_ds_mla_v4" and arch.backend == "cuda" and int(arch.cc) not in V4_H64_CCS:
         # Eight 64-wide accumulators and seven q chunks: at 64 heads ptxas spills 20-40 KB per
         # thread on sm80/86/89/120 (benchmarks/codegen/sass_stats.py, Triton 3.8; sm90 368 B,
