@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 import pytest
 
@@ -36,11 +37,67 @@ def test_xdist_args(gpu_check, jobs, version, want):
     assert gpu_check.xdist_args(jobs, version) == want
 
 
-def test_quick_runs_the_suite_in_parallel_then_verify_then_compile(gpu_check, tmp_path):
+def test_quick_runs_verify_and_compile_then_the_suite_in_parallel(gpu_check, tmp_path):
     args = argparse.Namespace(jobs=14, out=str(tmp_path))
     steps = gpu_check.quick_steps(args, {"xdist": "3.8.0", "target": "cuda:90"})
-    assert [s.name for s in steps] == ["pytest", "verify", "compile"]
-    cmd = steps[0].cmd
+    assert [s.name for s in steps] == ["verify", "compile", "pytest"]
+    cmd = steps[2].cmd
     assert cmd[cmd.index("-n") + 1] == "14" and cmd[cmd.index("--dist") + 1] == "worksteal"
     assert f"not {gpu_check.CONFORMANCE_MARK}" in cmd
-    assert steps[2].env == {"TMS_COMPILE_ONLY": "cuda:90-"}
+    assert steps[1].env == {"TMS_COMPILE_ONLY": "cuda:90-"}
+
+
+_INTERRUPTIBLE = """
+import os, signal, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+open(sys.argv[1], "w").write(str(child.pid))
+def summary(*_):
+    print("3 passed, 1 failed (interrupted)", flush=True)
+    if sys.argv[2] == "exit":
+        sys.exit(2)
+signal.signal(signal.SIGINT, summary)
+while True:
+    time.sleep(0.1)
+"""
+
+
+@pytest.mark.parametrize("on_sigint", ["exit", "hang"])
+def test_a_step_past_its_limit_is_interrupted_then_killed_with_its_workers(
+    gpu_check, tmp_path, monkeypatch, on_sigint
+):
+    """SIGINT first, so that pytest can print what ran; then the whole process group is
+    killed (pytest-xdist's workers, here a child that would sleep for two minutes)."""
+    monkeypatch.setattr(gpu_check, "INTERRUPT_GRACE_S", 1)
+    script = tmp_path / "step.py"
+    script.write_text(_INTERRUPTIBLE)
+    pid_file = tmp_path / "child.pid"
+    step = gpu_check.Step("slow", [sys.executable, str(script), str(pid_file), on_sigint])
+    res = gpu_check.run_step(step, dict(os.environ), tmp_path, limit_s=2)
+    assert res.rc == 124 and not res.ok
+    log = (tmp_path / "slow.log").read_text()
+    assert "3 passed, 1 failed (interrupted)" in log and "stopped after 2 s" in log
+    child = int(pid_file.read_text())
+    for _ in range(50):  # the group's SIGKILL reaches the child at once; reaping may lag
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        if _zombie(child):
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"the step's child {child} outlived it")
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] == "Z"
+    except OSError:
+        return True
+
+
+def test_a_step_inside_its_limit_keeps_its_exit_status(gpu_check, tmp_path):
+    step = gpu_check.Step("fast", [sys.executable, "-c", "print('1 passed'); raise SystemExit(3)"])
+    res = gpu_check.run_step(step, dict(os.environ), tmp_path)
+    assert res.rc == 3 and "1 passed" in (tmp_path / "fast.log").read_text()

@@ -10,9 +10,11 @@ package need not be installed: the checkout's ``src/`` is used)::
     python tools/gpu_check.py full --out DIR              # quick, then every part in turn
     python tools/gpu_check.py quick --triton /path/to/site --out DIR   # under another Triton
 
-``quick``: the whole pytest suite (bf16 included; tests/plugin runs where vLLM is importable and
-is skipped otherwise) except FlashMLA's full conformance grids, ``triton-mla-sparse verify``, and
-the ahead-of-time compile test for this GPU's own target. ``full`` adds, one part each:
+``quick``: ``triton-mla-sparse verify``, the ahead-of-time compile test for this GPU's own
+target, and the whole pytest suite (bf16 included; tests/plugin runs where vLLM is importable and
+is skipped otherwise) except FlashMLA's full conformance grids, all inside one 10-minute window:
+the suite runs last with the time left, and if it is stopped there (SIGINT, then SIGKILL for its
+process group) its log still ends with pytest's summary of what ran, and the step fails. ``full`` adds, one part each:
 compute-sanitizer (memcheck, initcheck, racecheck) over every configuration the heuristics
 choose, CUDA-graph replay with new inputs, the sm80/86/89 code paths compiled for their target and
 run here by PTX JIT, and FlashMLA's sparse test grids at FlashMLA's sizes
@@ -30,6 +32,7 @@ table is printed last. Exit status: 0 only if every step passed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import importlib.metadata
 import importlib.util
@@ -37,6 +40,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -45,7 +49,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RELIABILITY = ROOT / "benchmarks" / "reliability" / "reliability.py"
 SANITIZE = ROOT / "benchmarks" / "reliability" / "sanitize.sh"
-STEP_LIMIT_S = 570  # every step, and so every part, ends inside a 10-minute window
+STEP_LIMIT_S = 570  # every step, and so every part, ends inside a 10-minute window; quick's
+# steps share one such window (its pytest step, the longest, runs last with what is left)
+# A step past its limit first gets SIGINT (pytest then prints the summary of what ran and
+# pytest-xdist stops its workers), then, after this long, SIGKILL with its whole process group.
+INTERRUPT_GRACE_S = 25
 
 # The full procedure's slices: (tool, cases per part) over the sanitize suite's cases in coverage
 # order (`reliability.py --suite sanitize --list` on sm90; tests/test_reliability_script.py keeps
@@ -135,7 +143,13 @@ def quick_steps(args: argparse.Namespace, info: dict) -> list[Step]:
     pytest = [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider"]
     jobs = xdist_args(args.jobs, info.get("xdist"))
     target = info["target"]
+    # the short steps first: if the suite outgrows the window, it is the one cut short (and its
+    # summary still says what ran)
     return [
+        Step("verify", [sys.executable, "-m", "triton_mla_sparse.cli.main", "verify"]),
+        # the ahead-of-time compile test for this GPU's own target (its fixture spreads the
+        # compiles over processes itself)
+        Step("compile", pytest + ["tests/test_compile.py"], env={"TMS_COMPILE_ONLY": target + "-"}),
         Step(
             "pytest",
             pytest
@@ -143,10 +157,6 @@ def quick_steps(args: argparse.Namespace, info: dict) -> list[Step]:
             + ["tests", "--ignore=tests/test_compile.py", "-m", f"not {CONFORMANCE_MARK}"]
             + ["--junitxml", str(Path(args.out) / "pytest.xml")],
         ),
-        Step("verify", [sys.executable, "-m", "triton_mla_sparse.cli.main", "verify"]),
-        # the ahead-of-time compile test for this GPU's own target (its fixture spreads the
-        # compiles over processes itself)
-        Step("compile", pytest + ["tests/test_compile.py"], env={"TMS_COMPILE_ONLY": target + "-"}),
     ]
 
 
@@ -198,24 +208,37 @@ def _counts(log: str) -> str:
     return lines[-1][:60] if lines else ""
 
 
-def run_step(step: Step, base_env: dict[str, str], out: Path) -> Result:
+def run_step(
+    step: Step, base_env: dict[str, str], out: Path, limit_s: float | None = None
+) -> Result:
+    """Run one step, its output in DIR/<name>.log, stopped after ``limit_s`` (default its
+    own limit): SIGINT first, then SIGKILL for its whole process group (rc 124)."""
     log_path = out / f"{step.name}.log"
     env = {**base_env, **step.env}
+    limit = step.limit_s if limit_s is None else limit_s
     t0 = time.perf_counter()
     print(f"== {step.name}: {' '.join(step.cmd)}", flush=True)
     with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            step.cmd,
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: its workers go with it
+        )
         try:
-            rc = subprocess.run(
-                step.cmd,
-                cwd=ROOT,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                timeout=step.limit_s,
-            ).returncode
+            rc = proc.wait(timeout=limit)
         except subprocess.TimeoutExpired:
             rc = 124
-            log.write(f"\n[gpu_check] stopped after {step.limit_s} s\n")
+            proc.send_signal(signal.SIGINT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=INTERRUPT_GRACE_S)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            log.flush()
+            log.write(f"\n[gpu_check] stopped after {limit:.0f} s\n")
     text = log_path.read_text(errors="replace")
     r = Result(step.name, rc, time.perf_counter() - t0, _counts(text), str(log_path))
     print(f"   rc={r.rc} {r.seconds:.0f}s {r.counts}", flush=True)
@@ -252,6 +275,7 @@ def environment(env: dict[str, str]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    started = time.monotonic()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("mode", choices=("quick", "full"))
     p.add_argument("--out", default=None, help="directory for the logs (required unless --list)")
@@ -286,7 +310,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.mode == "full":
         for name in [args.part] if args.part else [n for n, _, _ in _parts()]:
             steps += part_steps(name, args)
-    results = [run_step(s, env, out) for s in steps]
+    # quick's steps share one window (STEP_LIMIT_S from the start); full's parts have one each
+    deadline = started + STEP_LIMIT_S if args.mode == "quick" else None
+    results = []
+    for step in steps:
+        limit = step.limit_s
+        if deadline is not None:
+            limit = max(1.0, min(limit, deadline - time.monotonic() - INTERRUPT_GRACE_S))
+        results.append(run_step(step, env, out, limit))
     summary = {"mode": args.mode, "part": args.part, "environment": info}
     summary["steps"] = [dataclasses.asdict(r) for r in results]
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
