@@ -101,3 +101,16 @@ def test_a_step_inside_its_limit_keeps_its_exit_status(gpu_check, tmp_path):
     step = gpu_check.Step("fast", [sys.executable, "-c", "print('1 passed'); raise SystemExit(3)"])
     res = gpu_check.run_step(step, dict(os.environ), tmp_path)
     assert res.rc == 3 and "1 passed" in (tmp_path / "fast.log").read_text()
+
+
+def test_the_last_emulate_slice_runs_to_the_end(gpu_check, tmp_path):
+    """The emulated suites' case lists are counted on CPU; on a GPU they can be longer, so no
+    case may fall behind the last slice."""
+    args = argparse.Namespace(jobs=16, out=str(tmp_path))
+    for cc, n in gpu_check.EMULATE_CASES.items():
+        names = [p for p, suite, _ in gpu_check._parts() if suite == f"emulate{cc}"]
+        assert len(names) == -(-n // gpu_check.EMULATE_SLICE)
+        for i, name in enumerate(names):
+            (step,) = gpu_check.part_steps(name, args)
+            assert step.cmd[step.cmd.index("--skip-cases") + 1] == str(i * gpu_check.EMULATE_SLICE)
+            assert ("--max-cases" in step.cmd) == (i < len(names) - 1), (name, step.cmd)

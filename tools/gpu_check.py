@@ -183,7 +183,12 @@ def part_steps(part: str, args: argparse.Namespace) -> list[Step]:
         ]
     cc = int(suite.removeprefix("emulate"))
     cmd = rel + ["--suite", "emulate", "--arch", str(cc), "--jobs", str(args.jobs)]
-    cmd += ["--skip-cases", str(k * EMULATE_SLICE), "--max-cases", str(EMULATE_SLICE)]
+    cmd += ["--skip-cases", str(k * EMULATE_SLICE)]
+    if (k + 1) * EMULATE_SLICE < EMULATE_CASES[cc]:
+        # the last slice runs to the end: on a GPU the list can be longer than EMULATE_CASES
+        # (counted on CPU, where sm80's fp8_ds_mla calls plan the interpreter's scalar e4m3
+        # decode, one variant where the GPU's packed decode makes two)
+        cmd += ["--max-cases", str(EMULATE_SLICE)]
     return [Step(part, cmd + ["--log", str(out / f"{part}.json")])]
 
 
