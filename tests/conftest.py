@@ -6,8 +6,11 @@ so setting it here, before any test runs, is enough.
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 from importlib import metadata
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +22,19 @@ if not HAS_GPU:
 DEVICE = torch.device("cuda") if HAS_GPU else torch.device("cpu")
 # The interpreter computes bf16 wrongly (a bf16 tl.dot returns garbage): bf16 runs on the GPU only.
 DTYPES = [torch.float16, torch.float32] + ([torch.bfloat16] if HAS_GPU else [])
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_script(relpath: str, name: str):
+    """A script of this repository (e.g. ``benchmarks/perf/tune.py``) imported by path as module
+    ``name``, registered in ``sys.modules`` (its dataclasses look their module up while it runs)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / relpath)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
 
 
 @pytest.fixture

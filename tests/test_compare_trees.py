@@ -2,23 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "benchmarks" / "perf" / "compare_trees.py"
+from conftest import ROOT, load_script
 
 
 @pytest.fixture(scope="module")
 def ct():
-    spec = importlib.util.spec_from_file_location("tms_compare_trees", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/perf/compare_trees.py", "tms_compare_trees")
 
 
 def row(case, us, passed=True, config="h16 n32 w4 s2 k2 +st", path="native"):

@@ -13,6 +13,7 @@ import sys
 
 import pytest
 import torch
+from conftest import load_script
 from flashmla_fake import FakeInterface
 
 from triton_mla_sparse.bench import Result, prepare, run_flashmla
@@ -276,14 +277,7 @@ def test_run_flashmla_reports_wrong_or_broken_peers():
 
 
 def _smoke_module():
-    import importlib.util
-    import pathlib
-
-    path = pathlib.Path(__file__).parents[1] / "benchmarks" / "perf" / "flashmla_smoke.py"
-    spec = importlib.util.spec_from_file_location("flashmla_smoke", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/perf/flashmla_smoke.py", "flashmla_smoke")
 
 
 def test_smoke_script_without_flashmla_exits_2(monkeypatch, capsys):

@@ -5,24 +5,16 @@ and the JSON) with test doubles standing in for everything a GPU does."""
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
-
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "perf" / "targets.py"
+from conftest import load_script
 
 
 @pytest.fixture(scope="module")
 def targets():
-    spec = importlib.util.spec_from_file_location("tms_targets_script", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up while the file runs
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/perf/targets.py", "tms_targets_script")
 
 
 def test_the_grid_is_the_target_grid(targets):

@@ -3,25 +3,33 @@ integer decode forced on one with it), every configuration it times is a plan th
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
+from conftest import load_script
 
 from triton_mla_sparse.ops.sparse_mla.plan import make_plan
 from triton_mla_sparse.ops.target import TARGETS
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "perf" / "tune.py"
+
+def plan_of(case, cfg, arch):
+    """The launch plan of one swept configuration of ``case`` on ``arch`` (on a GPU)."""
+    return make_plan(
+        num_tokens=case.tokens,
+        num_heads=case.heads,
+        latent=512,
+        rope=64,
+        width=case.topk,
+        dtype=case.dtype,
+        kv_format=case.kv_format,
+        arch=arch,
+        on_gpu=True,
+        page_size=64,
+        config=cfg,
+    )
 
 
 @pytest.fixture(scope="module")
 def tune():
-    spec = importlib.util.spec_from_file_location("tms_tune_script", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/perf/tune.py", "tms_tune_script")
 
 
 @pytest.mark.parametrize("cc", [80, 86, 90])
@@ -37,19 +45,7 @@ def test_e4m3_sweep_plans_on_the_path(tune, monkeypatch, cc):
         # packed-nomask only where the tiles are staged (sm80/sm90 fp8_ds_mla, never fp8)
         assert ("packed-nomask" in forms) == (cfgs[0].stage_dequant and case.kv_format != "fp8")
         for cfg in cfgs:
-            plan = make_plan(
-                num_tokens=case.tokens,
-                num_heads=case.heads,
-                latent=512,
-                rope=64,
-                width=case.topk,
-                dtype=case.dtype,
-                kv_format=case.kv_format,
-                arch=arch,
-                on_gpu=True,
-                page_size=64,
-                config=cfg,
-            )
+            plan = plan_of(case, cfg, arch)
             assert plan.constexprs["FP8_NATIVE"] is False
     assert {"scalar", "packed"} <= seen
 
@@ -65,17 +61,5 @@ def test_stage_sweep_plans_on_the_path(tune, monkeypatch, cc):
         assert staged.stage_dequant and not plain.stage_dequant
         assert staged.block_h == plain.block_h and staged.num_splits == plain.num_splits
         for cfg in (staged, plain):
-            plan = make_plan(
-                num_tokens=case.tokens,
-                num_heads=case.heads,
-                latent=512,
-                rope=64,
-                width=case.topk,
-                dtype=case.dtype,
-                kv_format=case.kv_format,
-                arch=arch,
-                on_gpu=True,
-                page_size=64,
-                config=cfg,
-            )
+            plan = plan_of(case, cfg, arch)
             assert plan.constexprs["STAGE"] is cfg.stage_dequant
