@@ -98,31 +98,25 @@ def compare(base: dict[tuple, dict], this: dict[tuple, dict]) -> list[dict]:
 
 
 def render(rows: list[dict]) -> str:
-    def us(x):
-        return "-" if x is None else f"{x:.1f}"
+    from triton_mla_sparse.cli.common import num, table
 
-    head = ("path", "kv", "case", "base µs", "this µs", "this/base", "base config", "this config")
+    header = ["path", "kv", "case", "base µs", "this µs", "this/base", "base config"]
+    header += ["this config", "check"]
     body = [
-        (
+        [
             r["path"] or "native",
             r["kv_format"],
             r["case"],
-            us(r["base_us"]),
-            us(r["this_us"]),
-            "-" if r["ratio"] is None else f"{r['ratio']:.3f}",
+            num(r["base_us"], ".1f"),
+            num(r["this_us"], ".1f"),
+            num(r["ratio"], ".3f"),
             r["base_config"] or "-",
             r["this_config"] or "-",
-        )
-        + (() if r["passed"] else ("FAILED or missing",))
+            "ok" if r["passed"] else "FAILED or missing",
+        ]
         for r in rows
     ]
-    widths = [max(len(str(x[i])) for x in [head, *body] if i < len(x)) for i in range(len(head))]
-    lines = ["  ".join(str(c).rjust(w) for c, w in zip(head, widths))]
-    lines += [
-        "  ".join(str(c).rjust(w) for c, w in zip(r, widths)) + "".join("  " + x for x in r[8:])
-        for r in body
-    ]
-    return "\n".join(lines)
+    return table(body, header)
 
 
 def run_bench(src: Path, bench_args: list[str], json_path: Path) -> int:
