@@ -71,7 +71,7 @@ def _v4_chunk(
     b_sc = (b_e.to(tl.int32) << FP32_MANTISSA_BITS).to(tl.float32, bitcast=True)
     b_k = _e4m3_to(b_k8, dtype, FP8_NATIVE)
     if STAGE:
-        b_k = tl.where(m_n[:, None], b_k, 0.0)  # as ds_mla._ds_chunk: convert once, staged
+        b_k = b_k * m_n[:, None].to(b_k.dtype)  # as ds_mla._ds_chunk: convert once, staged
     return b_k, b_sc
 
 
