@@ -98,6 +98,10 @@ def compare(base: dict[tuple, dict], this: dict[tuple, dict]) -> list[dict]:
 
 
 def render(rows: list[dict]) -> str:
+    # This checkout's package, importable whether or not it is installed: the bench runs
+    # get it through PYTHONPATH, this process through its own path.
+    if str(THIS_SRC) not in sys.path:
+        sys.path.insert(0, str(THIS_SRC))
     from triton_mla_sparse.cli.common import num, table
 
     header = ["path", "kv", "case", "base µs", "this µs", "this/base", "base config"]
