@@ -63,3 +63,46 @@ def test_stage_sweep_plans_on_the_path(tune, monkeypatch, cc):
         for cfg in (staged, plain):
             plan = plan_of(case, cfg, arch)
             assert plan.constexprs["STAGE"] is cfg.stage_dequant
+
+
+@pytest.mark.parametrize("cc", [80, 86, 89, 90, 100, 120])
+def test_v4_sweep_plans_on_the_path(tune, monkeypatch, cc):
+    """Every DeepSeek-V4 tile swept is a plan the kernels run on that path: head blocks within
+    the path's limit, the heuristic's own tile among them, both staging forms where it stages."""
+    from triton_mla_sparse.ops.sparse_mla.heuristics import choose_config, max_block_h
+
+    arch = next(a for a in TARGETS if a.backend == "cuda" and a.cc == cc)
+    monkeypatch.setattr(tune, "arch_of", lambda device: arch)
+    cases, configs = tune.SWEEPS["v4"]
+    assert {c.kv_format for c in cases} == {"fp8_ds_mla_v4"}
+    for case in cases:
+        width = case.topk + case.extra_topk
+        default = choose_config(case.tokens, case.heads, width, case.dtype, case.kv_format, arch)
+        cfgs = configs(case)
+        assert len(set(cfgs)) == len(cfgs)
+        blocks = {c.block_h for c in cfgs}
+        assert max(blocks) <= max_block_h(case.dtype, case.kv_format, arch) and 16 in blocks
+        assert any(c.block_h == default.block_h and c.num_warps == default.num_warps for c in cfgs)
+        assert any(c.stage_dequant for c in cfgs) == default.stage_dequant
+        if default.stage_dequant:
+            assert any(not c.stage_dequant for c in cfgs)
+        for cfg in cfgs:
+            plan = make_plan(
+                num_tokens=case.tokens,
+                num_heads=case.heads,
+                latent=512,
+                rope=0,
+                width=case.topk,
+                dtype=case.dtype,
+                kv_format=case.kv_format,
+                arch=arch,
+                on_gpu=True,
+                page_size=64,
+                has_counts=True,
+                has_sink=True,
+                extra_width=case.extra_topk,
+                extra_page_size=64,
+                extra_has_counts=True,
+                config=cfg,
+            )
+            assert plan.constexprs["STAGE"] is cfg.stage_dequant

@@ -1,6 +1,6 @@
 """Sweep launch configurations for key shapes on the GPU: check each against the reference, time it.
 
-    python benchmarks/perf/tune.py [--only mem,mma,small,ds,occ,ds-mma,e4m3,stage] [--out DIR]
+    python benchmarks/perf/tune.py [--only mem,mma,small,ds,occ,ds-mma,e4m3,stage,v4] [--out DIR]
         [--arch sm80|sm86|sm89]
 
 Prints one line per configuration and the best per case; writes every row, with the ceilings
@@ -28,9 +28,11 @@ from triton_mla_sparse.ops.sparse_mla.heuristics import (
     KernelConfig,
     arch_of,
     choose_config,
+    max_block_h,
+    num_splits_for,
 )
 from triton_mla_sparse.testing import measure_ceilings
-from triton_mla_sparse.workloads import Case
+from triton_mla_sparse.workloads import Case, deepseek_v4_case
 
 
 def e4m3_forms(c: Case) -> list[KernelConfig]:
@@ -54,6 +56,30 @@ def staged_or_not(c: Case) -> list[KernelConfig]:
         c.tokens, c.heads, c.topk, c.dtype, c.kv_format, arch_of(torch.device("cuda"))
     )
     return [dataclasses.replace(base, stage_dequant=stage) for stage in (True, False)]
+
+
+def v4_tiles(c: Case) -> list[KernelConfig]:
+    """DeepSeek-V4's record (fp8_ds_mla_v4) in every head block the path compiles (its
+    max_block_h), 4 or 8 warps, the split count the heuristic would give that block, staged or
+    not, and MMAs in q's dtype: these tiles were fp8_ds_mla's, never timed for the V4 record
+    (PERFORMANCE.md log 24)."""
+    arch = arch_of(torch.device("cuda"))
+    width = c.topk + c.extra_topk
+    base = choose_config(c.tokens, c.heads, width, c.dtype, c.kv_format, arch, block_table=True)
+    limit = max_block_h(c.dtype, c.kv_format, arch)
+    out = []
+    for block_h, warps in ((64, 8), (32, 4), (32, 8), (16, 4)):
+        if block_h > limit or block_h > max(16, c.heads):
+            continue
+        programs = c.tokens * -(-c.heads // block_h)
+        splits = num_splits_for(programs, width, base.block_n, arch.num_sms, block_h)
+        for stage in (True, False) if base.stage_dequant else (False,):
+            tile = dataclasses.replace(
+                base, block_h=block_h, num_warps=warps, num_splits=splits, stage_dequant=stage
+            )
+            out.append(tile)
+        out.append(dataclasses.replace(out[-1], stage_dequant=base.stage_dequant, fp16_mma=False))
+    return out
 
 
 def grid(block_h, block_n, warps, stages, splits, **extra):
@@ -179,6 +205,9 @@ SWEEPS = {
         ],
         staged_or_not,
     ),
+    # DeepSeek-V4 decode as `bench --model deepseek-v4` runs it (584-byte record, window 128 +
+    # compressed top-k 512, sink, 64 heads): head blocks, warps, staging, MMA dtype
+    "v4": ([deepseek_v4_case(t, 64) for t in (1, 16, 64, 128)], v4_tiles),
 }
 
 
