@@ -201,6 +201,53 @@ def test_block_table_layers_and_staging(native, staged):
         assert_matches(out, lse, ref_out, ref_lse, torch.float16)
 
 
+WIDE_MMA_DTYPES = [pytest.param(dt, id=dtype_id(dt)) for dt in DTYPES if dt != torch.float16]
+
+
+@pytest.mark.parametrize("dtype", WIDE_MMA_DTYPES)
+@pytest.mark.parametrize("native", NATIVE)
+@pytest.mark.parametrize("staged", [False, True], ids=["hoisted", "staged"])
+@pytest.mark.parametrize("splits", [1, 2])
+def test_mmas_in_q_dtype_on_wide_scales(dtype, native, staged, splits):
+    """bf16 / fp32 q with MMAs in q's dtype rather than fp16 (P times each chunk's scale over
+    the step's largest, in q's dtype): groups over twelve decades (scales 2^-22 .. 2^21), both
+    caches, a sink, -1 runs; against the float64 reference within q's tolerance, zeros where
+    no index points."""
+    g = gen(441 + 2 * splits + native)
+    t, h = 6, 5
+    s = swa_and_compressed(t, g)
+    (idx, cnt, page, n), (xidx, xcnt, xpage, xn) = s["main"], s["extra"]
+    cache = v4_cache(v4_rows(n, g, 6.0), page, used_slots(n, idx, valid_counts=cnt))
+    xcache = v4_cache(v4_rows(xn, g, 6.0), xpage, used_slots(xn, xidx, valid_counts=xcnt))
+    q = (torch.randn(t, h, DS_V4_WIDTH, generator=g) * 1e-3).to(dtype).to(DEVICE)
+    kw = dict(
+        valid_counts=cnt,
+        extra_kv_cache=xcache,
+        extra_indices=xidx,
+        extra_valid_counts=xcnt,
+        attn_sink=sinks(h, g),
+        **FMT,
+    )
+    ref_out, ref_lse = sparse_mla_reference(
+        q, cache, idx, return_lse=True, compute_dtype=torch.float64, **kw
+    )
+    cfg = KernelConfig(
+        16,
+        16,
+        4,
+        2 if staged else 1,
+        num_splits=splits,
+        fp8_native=native,
+        stage_dequant=staged,
+        fp16_mma=False,
+    )
+    out = poison_(torch.empty(t, h, DS_V4_WIDTH, dtype=dtype, device=DEVICE))
+    _, lse = sparse_mla(q, cache, idx, return_lse=True, out=out, config=cfg, **kw)
+    assert_matches(out, lse, ref_out, ref_lse, dtype)
+    assert (out[0] == 0).all() and torch.isneginf(lse[0]).all()
+    assert (out[:, 2] == 0).all()
+
+
 def test_fp16_tolerance_holds_on_wide_scales():
     """Groups over ten decades in one gather step: the fp16 MMA path (P times scale over the
     step's largest scale) stays within fp16's tolerance of the float64 reference."""
