@@ -21,9 +21,15 @@ def test_the_grid_is_the_target_grid(targets):
     runs = targets.plan_runs(list(targets.PATH_BY_NAME), native_cc=90)
     assert len(runs) == len(set(runs))
     # 4 token counts x 4 head counts decode + 2 prefills, per format: 2 formats on three paths,
-    # fp8_ds_mla alone on the three forced e4m3 decodes
+    # fp8_ds_mla alone on the three forced e4m3 decodes; DeepSeek-V4's 4 decodes x 64 heads on
+    # the three paths
     per_format = 4 * 4 + 2
-    assert len(runs) == per_format * (2 * 3 + 3)
+    assert len(runs) == per_format * (2 * 3 + 3) + 4 * 3
+    v4 = [r for r in runs if r.kv_format == "fp8_ds_mla_v4"]
+    assert {(r.path, r.kind, r.heads) for r in v4} == {
+        (p, "decode", 64) for p in ("native", "sm80", "sm89")
+    }
+    assert sorted(r.tokens for r in v4 if r.path == "native") == [1, 16, 64, 128]
     shapes = {(r.kind, r.tokens, r.heads) for r in runs}
     assert shapes == {("decode", t, h) for t in (1, 16, 64, 128) for h in (8, 16, 64, 128)} | {
         ("prefill", 4096, 64),
@@ -58,6 +64,8 @@ def test_targets_per_row(targets):
     assert texts(Run("native", "fp8_ds_mla", "decode", 128, 128)) == ["<= 1.25x FlashMLA"]
     assert texts(Run("native", "auto", "prefill", 4096, 128)) == [">= 400 TFLOP/s"]
     assert texts(Run("native", "fp8_ds_mla", "prefill", 4096, 64)) == []
+    assert texts(Run("native", "fp8_ds_mla_v4", "decode", 128, 64)) == ["<= 1.5x FlashMLA"]
+    assert texts(Run("sm80", "fp8_ds_mla_v4", "decode", 128, 64)) == []
     # the sm90 targets are the native path's only on an sm90 GPU
     assert texts(Run("native", "auto", "decode", 1, 8), cc=100) == []
 
@@ -136,7 +144,7 @@ def test_a_run_end_to_end_with_test_doubles(targets, monkeypatch, tmp_path):
     monkeypatch.setattr(targets, "path_context", fake_path_context)
     ticks = iter(range(10**6))  # test double: a clock that advances 1 s each time it is read
     args = targets.parse(["--out", str(tmp_path), "--paths", "native,sm80,sm89"])
-    # two reads a run: the rows with targets (52 runs natively and on sm80) fit, not all others
+    # two reads a run: the rows with targets (56 runs natively and on sm80) fit, not all others
     args.max_seconds = targets.RESERVE_S + 130
     doc = targets.execute(
         args, torch.device("cpu"), fake_runner, lambda s: None, lambda: float(next(ticks))
@@ -145,7 +153,7 @@ def test_a_run_end_to_end_with_test_doubles(targets, monkeypatch, tmp_path):
     why = {s["why"] for s in doc["skipped"]}
     assert any("sm89 cannot run here: driver too old" in w for w in why)
     assert "time budget" in why
-    assert len(ran) + len(doc["skipped"]) == 36 * 3
+    assert len(ran) + len(doc["skipped"]) == (36 + 4) * 3
     native = [r for r in doc["rows"] if r["path"] == "native"]
     sm80 = [r for r in doc["rows"] if r["path"] == "sm80"]
     assert native and sm80

@@ -4,7 +4,9 @@
     python benchmarks/perf/targets.py --list          # what would run, and the targets (no GPU)
 
 The grid: decode 1, 16, 64, 128 tokens x 8, 16, 64, 128 heads and prefill 4096 tokens x 64,
-128 heads, top-k 2048, bf16 and fp8_ds_mla caches, for each path: ``native`` (this GPU's own
+128 heads, top-k 2048, bf16 and fp8_ds_mla caches, and DeepSeek-V4's decode (``bench --model
+deepseek-v4``'s shape: 584-byte record, 128-row window + compressed top-k 512, sink) at 1-128
+tokens x 64 heads, for each path: ``native`` (this GPU's own
 kernels), ``sm80`` and ``sm89`` (those targets' kernels and heuristics run through the driver's
 PTX JIT: ``triton_mla_sparse.testing.ptx_jit``; their times are this GPU's, not an A100's or
 L40S's, and every row says so), and ``sm80-scalar`` / ``sm80-packed`` / ``sm80-packed-nomask``
@@ -42,6 +44,8 @@ PREFILL_TOKENS, PREFILL_ROWS = 4096, 65536
 PREFILL_HEADS = (64, 128)
 TOPK = 2048
 FORMATS = ("auto", "fp8_ds_mla")  # "auto": the bf16 cache
+V4 = "fp8_ds_mla_v4"  # DeepSeek-V4's decode (workloads.deepseek_v4_case), decode rows only
+V4_HEADS = (64,)  # its query heads per GPU in vLLM's FlashMLA decode
 FLASHMLA = "flashmla"
 
 
@@ -56,7 +60,8 @@ class KernelPath:
 
     @property
     def formats(self) -> tuple[str, ...]:
-        return ("fp8_ds_mla",) if self.e4m3_decode else FORMATS
+        # the forced decodes are fp8_ds_mla's (the V4 record has one decode per target)
+        return ("fp8_ds_mla",) if self.e4m3_decode else (*FORMATS, V4)
 
 
 PATHS = (
@@ -126,6 +131,8 @@ TARGETS = (
     Target(("native",), "auto", "decode", DECODE_TOKENS, MANY_HEADS, "x_flashmla", 1.25),
     Target(("native",), "fp8_ds_mla", "decode", DECODE_TOKENS, MANY_HEADS, "x_flashmla", 1.25),
     Target(("native",), "auto", "prefill", (PREFILL_TOKENS,), PREFILL_HEADS, "tflops", 400.0),
+    # DeepSeek-V4 decode beside FlashMLA on the same caches
+    Target(("native",), V4, "decode", DECODE_TOKENS, V4_HEADS, "x_flashmla", 1.5),
 )
 
 # Stop starting runs this many seconds before --max-seconds: room for one more run's first
@@ -150,6 +157,9 @@ class Run:
 def grid(path: KernelPath) -> list[Run]:
     runs = []
     for fmt in path.formats:
+        if fmt == V4:
+            runs += [Run(path.name, fmt, "decode", t, h) for h in V4_HEADS for t in DECODE_TOKENS]
+            continue
         for h in DECODE_HEADS:
             for t in DECODE_TOKENS:
                 runs.append(Run(path.name, fmt, "decode", t, h))
@@ -206,11 +216,14 @@ def run_one(run: Run, device, ceilings, fmla, emu) -> tuple[dict, dict | None]:
     """(our row, FlashMLA's row or None) of one run: checked, then timed (bench.run_case)."""
     from triton_mla_sparse.bench import prepare, run_case, run_flashmla
     from triton_mla_sparse.ops.sparse_mla.heuristics import arch_of, choose_config
-    from triton_mla_sparse.workloads import Case
+    from triton_mla_sparse.workloads import Case, deepseek_v4_case
 
     path = PATH_BY_NAME[run.path]
     size = {"rows": PREFILL_ROWS} if run.kind == "prefill" else {}  # decode: Case's own cache
-    case = Case(run.shape, run.tokens, run.heads, topk=TOPK, kv_format=run.kv_format, **size)
+    if run.kv_format == V4:
+        case = deepseek_v4_case(run.tokens, run.heads, name=run.shape)
+    else:
+        case = Case(run.shape, run.tokens, run.heads, topk=TOPK, kv_format=run.kv_format, **size)
     cfg = None
     if path.e4m3_decode:
         default = choose_config(
