@@ -9,6 +9,12 @@ multiplies its logits column-wise and is folded into P before its PV dot, so the
 conversion stays an elementwise cast. The bf16 RoPE chunk is both K and V (unlike V3.2's 656-byte
 rows, whose rope is K only); it has no scale, so its accumulator stays in plain units while the
 NoPE accumulators are kept in units of the step's largest scale.
+
+With bf16 or fp32 MMAs the scales fold into the tile instead (FOLD): a ue8m0 scale is a power of
+two, so an e4m3 value times its scale is exact in either type (both have fp32's exponent range);
+each chunk is dequantized once, QK^T is one chain of dots over the whole row and every PV dot
+takes P as it is. fp16 MMAs keep the scales outside the tile: fp16's range is too narrow for the
+products (past 65504, or below its subnormals).
 """
 
 import triton
@@ -60,6 +66,7 @@ def _v4_chunk(
     G: tl.constexpr,
     dtype: tl.constexpr,
     FP8_NATIVE: tl.constexpr,
+    FOLD: tl.constexpr,
 ):
     # NoPE chunk G of BLOCK_N rows: (e4m3 values [BLOCK_N, 64] cast to `dtype`, unscaled; their
     # scale 2^(byte - 127) per row [BLOCK_N], float32, built from its bits: exact, 2^128 for the
@@ -69,9 +76,20 @@ def _v4_chunk(
     b_k8 = tl.load(KV + o_data[:, None] + (G * V4_GROUP + o_c[None, :]), mask=m_n[:, None], other=0)
     b_e = tl.load(KV + o_scale + G, mask=m_n, other=0)
     b_sc = (b_e.to(tl.int32) << FP32_MANTISSA_BITS).to(tl.float32, bitcast=True)
-    b_k = _e4m3_to(b_k8, dtype, FP8_NATIVE)
-    if STAGE:
-        b_k = b_k * m_n[:, None].to(b_k.dtype)  # as ds_mla._ds_chunk: convert once, staged
+    if FOLD:
+        # the tile comes out dequantized (callers ignore the scale): the product is formed in
+        # fp32 and converted to bf16, both exact (4 significant bits times a power of two); the
+        # masked scale is also the row mask that keeps the tile staged. The integer decode's
+        # 2^-8 rides on the scale (2^(byte - 119): finite below the byte 247, past any
+        # writer's range).
+        b_f = _e4m3_to(b_k8, tl.float32, FP8_NATIVE)
+        if not FP8_NATIVE:
+            b_sc = b_sc * INT_DECODE_FACTOR
+        b_k = (b_f * tl.where(m_n, b_sc, 0.0)[:, None]).to(dtype)
+    else:
+        b_k = _e4m3_to(b_k8, dtype, FP8_NATIVE)
+        if STAGE:
+            b_k = b_k * m_n[:, None].to(b_k.dtype)  # as ds_mla._ds_chunk: convert once, staged
     return b_k, b_sc
 
 
@@ -121,15 +139,38 @@ def _v4_step(
     dtype: tl.constexpr,
     FP8_NATIVE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    FOLD: tl.constexpr,
 ):
     # one gather step: logits of BLOCK_N rows, the online softmax, the eight PV dots
-    b_k0, b_c0 = _v4_chunk(STAGE, KV, o_data, o_scale, m_n, 0, dtype, FP8_NATIVE)
-    b_k1, b_c1 = _v4_chunk(STAGE, KV, o_data, o_scale, m_n, 1, dtype, FP8_NATIVE)
-    b_k2, b_c2 = _v4_chunk(STAGE, KV, o_data, o_scale, m_n, 2, dtype, FP8_NATIVE)
-    b_k3, b_c3 = _v4_chunk(STAGE, KV, o_data, o_scale, m_n, 3, dtype, FP8_NATIVE)
-    b_k4, b_c4 = _v4_chunk(STAGE, KV, o_data, o_scale, m_n, 4, dtype, FP8_NATIVE)
-    b_k5, b_c5 = _v4_chunk(STAGE, KV, o_data, o_scale, m_n, 5, dtype, FP8_NATIVE)
-    b_k6, b_c6 = _v4_chunk(STAGE, KV, o_data, o_scale, m_n, 6, dtype, FP8_NATIVE)
+    b_k0, b_c0 = _v4_chunk(STAGE, KV, o_data, o_scale, m_n, 0, dtype, FP8_NATIVE, FOLD)
+    b_k1, b_c1 = _v4_chunk(STAGE, KV, o_data, o_scale, m_n, 1, dtype, FP8_NATIVE, FOLD)
+    b_k2, b_c2 = _v4_chunk(STAGE, KV, o_data, o_scale, m_n, 2, dtype, FP8_NATIVE, FOLD)
+    b_k3, b_c3 = _v4_chunk(STAGE, KV, o_data, o_scale, m_n, 3, dtype, FP8_NATIVE, FOLD)
+    b_k4, b_c4 = _v4_chunk(STAGE, KV, o_data, o_scale, m_n, 4, dtype, FP8_NATIVE, FOLD)
+    b_k5, b_c5 = _v4_chunk(STAGE, KV, o_data, o_scale, m_n, 5, dtype, FP8_NATIVE, FOLD)
+    b_k6, b_c6 = _v4_chunk(STAGE, KV, o_data, o_scale, m_n, 6, dtype, FP8_NATIVE, FOLD)
+    if FOLD:
+        # dequantized tiles: one accumulation chain for the logits, P as it is for every chunk
+        b_kr = _v4_rope(KV, o_data, m_n, b_qr.dtype)
+        b_s = tl.dot(b_q0, tl.trans(b_k0), input_precision=DOT_PRECISION)
+        b_s = tl.dot(b_q1, tl.trans(b_k1), b_s, input_precision=DOT_PRECISION)
+        b_s = tl.dot(b_q2, tl.trans(b_k2), b_s, input_precision=DOT_PRECISION)
+        b_s = tl.dot(b_q3, tl.trans(b_k3), b_s, input_precision=DOT_PRECISION)
+        b_s = tl.dot(b_q4, tl.trans(b_k4), b_s, input_precision=DOT_PRECISION)
+        b_s = tl.dot(b_q5, tl.trans(b_k5), b_s, input_precision=DOT_PRECISION)
+        b_s = tl.dot(b_q6, tl.trans(b_k6), b_s, input_precision=DOT_PRECISION)
+        b_s = tl.dot(b_qr, tl.trans(b_kr), b_s, input_precision=DOT_PRECISION)
+        b_p, b_alpha, b_l, b_m = _softmax_step(b_s, m_n, qk_scale, b_m, b_l)
+        b_pd = b_p.to(dtype)
+        b_ar = tl.dot(b_pd, b_kr, b_ar * b_alpha[:, None], input_precision=DOT_PRECISION)
+        b_a0 = tl.dot(b_pd, b_k0, b_a0 * b_alpha[:, None], input_precision=DOT_PRECISION)
+        b_a1 = tl.dot(b_pd, b_k1, b_a1 * b_alpha[:, None], input_precision=DOT_PRECISION)
+        b_a2 = tl.dot(b_pd, b_k2, b_a2 * b_alpha[:, None], input_precision=DOT_PRECISION)
+        b_a3 = tl.dot(b_pd, b_k3, b_a3 * b_alpha[:, None], input_precision=DOT_PRECISION)
+        b_a4 = tl.dot(b_pd, b_k4, b_a4 * b_alpha[:, None], input_precision=DOT_PRECISION)
+        b_a5 = tl.dot(b_pd, b_k5, b_a5 * b_alpha[:, None], input_precision=DOT_PRECISION)
+        b_a6 = tl.dot(b_pd, b_k6, b_a6 * b_alpha[:, None], input_precision=DOT_PRECISION)
+        return b_a0, b_a1, b_a2, b_a3, b_a4, b_a5, b_a6, b_ar, b_l, b_m, b_ref
     b_s = tl.dot(b_q0, tl.trans(b_k0), input_precision=DOT_PRECISION) * b_c0[None, :]
     b_s += tl.dot(b_q1, tl.trans(b_k1), input_precision=DOT_PRECISION) * b_c1[None, :]
     b_s += tl.dot(b_q2, tl.trans(b_k2), input_precision=DOT_PRECISION) * b_c2[None, :]
@@ -259,6 +300,8 @@ def sparse_mla_ds_mla_v4_fwd_kernel(
     else:
         dtype = Q_nope.dtype.element_ty
     LOG2E: tl.constexpr = 1.4426950408889634
+    # MMAs with fp32's exponent range take the scales inside the tiles (module docstring)
+    FOLD: tl.constexpr = dtype == tl.bfloat16 or dtype == tl.float32
 
     o_h, m_h, o_h64 = _head_offsets(i_hb, H, BLOCK_H)
     o_c = tl.arange(0, V4_GROUP)
@@ -335,6 +378,7 @@ def sparse_mla_ds_mla_v4_fwd_kernel(
             dtype,
             FP8_NATIVE,
             DOT_PRECISION,
+            FOLD,
         )
     if HAS_EXTRA:
         # the extra set's part of this split, continuing the same softmax (latent.py)
@@ -397,6 +441,7 @@ def sparse_mla_ds_mla_v4_fwd_kernel(
                 dtype,
                 FP8_NATIVE,
                 DOT_PRECISION,
+                FOLD,
             )
 
     # normalise; an empty (t, split) gives zeros and LSE -inf
@@ -408,7 +453,7 @@ def sparse_mla_ds_mla_v4_fwd_kernel(
         b_nonempty, (b_m + tl.log2(tl.where(b_nonempty, b_l, 1.0))) / LOG2E, float("-inf")
     )
     b_inv_nope = b_inv * b_ref
-    if not FP8_NATIVE:
+    if not FP8_NATIVE and not FOLD:  # (folded tiles took it)
         b_inv_nope = b_inv_nope * INT_DECODE_FACTOR
     b_inv_nope = b_inv_nope[:, None]
     p_o, s_o = _out_rows(
