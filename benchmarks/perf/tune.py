@@ -61,8 +61,9 @@ def staged_or_not(c: Case) -> list[KernelConfig]:
 def v4_tiles(c: Case) -> list[KernelConfig]:
     """DeepSeek-V4's record (fp8_ds_mla_v4) in every head block the path compiles (its
     max_block_h), 4 or 8 warps, the split count the heuristic would give that block, staged or
-    not, and MMAs in q's dtype: these tiles were fp8_ds_mla's, never timed for the V4 record
-    (PERFORMANCE.md log 24)."""
+    not, and MMAs in q's dtype (the folded form, log 25); the 64-head folded tile also in 64-row
+    steps with one and two stages (fewer instructions per row, more spills: perf-log 19). These
+    tiles were fp8_ds_mla's, never timed for the V4 record (log 24)."""
     arch = arch_of(torch.device("cuda"))
     width = c.topk + c.extra_topk
     base = choose_config(c.tokens, c.heads, width, c.dtype, c.kv_format, arch, block_table=True)
@@ -78,7 +79,16 @@ def v4_tiles(c: Case) -> list[KernelConfig]:
                 base, block_h=block_h, num_warps=warps, num_splits=splits, stage_dequant=stage
             )
             out.append(tile)
-        out.append(dataclasses.replace(out[-1], stage_dequant=base.stage_dequant, fp16_mma=False))
+        folded = dataclasses.replace(out[-1], stage_dequant=base.stage_dequant, fp16_mma=False)
+        out.append(folded)
+        if block_h == 64 and base.stage_dequant:
+            long_steps = num_splits_for(programs, width, 64, arch.num_sms, block_h)
+            for stages in (1, 2):
+                out.append(
+                    dataclasses.replace(
+                        folded, block_n=64, num_stages=stages, num_splits=long_steps
+                    )
+                )
     return out
 
 
