@@ -11,9 +11,10 @@ import dataclasses
 
 import pytest
 import torch
-from conftest import HAS_GPU
+from conftest import DEVICE, DTYPES, HAS_GPU, dtype_id
+from test_sparse_mla import assert_matches, poison_
 
-from triton_mla_sparse import sparse_mla
+from triton_mla_sparse import KernelConfig, pack_fp8_ds_mla, sparse_mla
 from triton_mla_sparse.kv_format import quantize_fp8
 from triton_mla_sparse.ops.sparse_mla.heuristics import TARGETS, Arch, choose_config, fp16_mma_for
 from triton_mla_sparse.reference import sparse_mla_reference
@@ -60,3 +61,45 @@ def test_both_mma_variants_match_reference(fp16_mma, tokens, heads):
     assert torch.isfinite(out).all()
     err = (out.float() - ref.float()).norm() / ref.float().norm()
     assert err < 1e-2
+
+
+WIDE_MMA_DTYPES = [pytest.param(dt, id=dtype_id(dt)) for dt in DTYPES if dt != torch.float16]
+
+
+@pytest.mark.parametrize("dtype", WIDE_MMA_DTYPES)
+@pytest.mark.parametrize("native", [True, False], ids=["native", "intdecode"])
+@pytest.mark.parametrize("staged", [False, True], ids=["hoisted", "staged"])
+@pytest.mark.parametrize("splits", [1, 2])
+def test_fp8_ds_mla_mmas_in_q_dtype(dtype, native, staged, splits):
+    """fp8_ds_mla with MMAs in q's dtype (bf16 on a GPU, fp32 everywhere), where the kernel
+    multiplies each chunk's scale into the tile: chunks over six decades, a -1 run, a token
+    with nothing, split and not; against the float64 reference within q's tolerance."""
+    g = torch.Generator().manual_seed(501 + 2 * splits + native)
+    t, h, n, w = 3, 4, 96, 40
+    rows = torch.randn(n, 576, generator=g)
+    decades = (torch.rand(n, 4, generator=g) * 2 - 1) * 3
+    rows[:, :512] *= (10.0**decades).repeat_interleave(128, dim=1)
+    cache = pack_fp8_ds_mla(rows).to(DEVICE)
+    idx = torch.stack([torch.randperm(n, generator=g)[:w] for _ in range(t)]).int()
+    idx[0] = -1
+    idx[1, 3:9] = -1
+    idx = idx.to(DEVICE)
+    q = (torch.randn(t, h, 576, generator=g) * 0.01).to(dtype).to(DEVICE)
+    kw = {"kv_format": "fp8_ds_mla"}
+    ref, ref_lse = sparse_mla_reference(
+        q, cache, idx, return_lse=True, compute_dtype=torch.float64, **kw
+    )
+    cfg = KernelConfig(
+        16,
+        16,
+        4,
+        2 if staged else 1,
+        num_splits=splits,
+        fp8_native=native,
+        stage_dequant=staged,
+        fp16_mma=False,
+    )
+    out = poison_(torch.empty(t, h, 512, dtype=dtype, device=DEVICE))
+    _, lse = sparse_mla(q, cache, idx, return_lse=True, out=out, config=cfg, **kw)
+    assert_matches(out, lse, ref, ref_lse, dtype)
+    assert (out[0] == 0).all() and torch.isneginf(lse[0]).all()

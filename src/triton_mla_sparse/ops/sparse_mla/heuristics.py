@@ -58,8 +58,9 @@ class KernelConfig:
     # overlaps the split pass instead of following it. None: the architecture's choice.
     pdl: bool | None = None
     # e4m3 caches: MMA operands in fp16 (e4m3 widens to fp16 in one instruction per two values)
-    # or, False, in q's dtype (no conversion of q). None: the architecture's choice
-    # (heuristics.fp16_mma_for).
+    # or, False, in q's dtype (no conversion of q; fp8_ds_mla and the V4 record then multiply
+    # their scales into the tile: exact for the V4 record's powers of two, one rounding to bf16
+    # for fp8_ds_mla's fp32 scales). None: the architecture's choice (heuristics.fp16_mma_for).
     fp16_mma: bool | None = None
     # e4m3 caches without hardware fp8 (fp8_native False: sm80/86, or forced): "scalar" decodes
     # one value per chain of integer operations; "packed" four values per inline-PTX call

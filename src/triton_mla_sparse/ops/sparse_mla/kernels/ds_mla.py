@@ -3,7 +3,13 @@ with its own fp32 scale, then 64 bf16 rope values (kv_format.py has the layout).
 
 Same program layout as the latent family (latent.py), but the latent tile is four chunk tiles:
 a chunk's scale multiplies its logits column-wise and is folded into P before its PV dot, so
-the e4m3 -> MMA-type conversion stays a plain elementwise cast on the operand.
+the e4m3 -> MMA-type conversion stays a plain elementwise cast on the operand (fp16 MMAs, exact).
+
+With bf16 or fp32 MMAs (FOLD) each chunk's scale multiplies its tile instead, in fp32, rounded
+once to the MMA type: QK^T is one chain of dots and every PV dot takes P as it is (fewer
+instructions per step: docs/perf-log/19-v4-mma-dtype-sass.txt). In bf16 that rounding is the
+dequantization FlashMLA does (8 significant bits, a bf16 cache's precision); in fp32 it is exact
+to fp32. fp16's range is too narrow for the products.
 """
 
 import triton
@@ -38,6 +44,7 @@ def _ds_chunk(
     dtype: tl.constexpr,
     FP8_NATIVE: tl.constexpr,
     E4M3_DECODE: tl.constexpr,
+    FOLD: tl.constexpr,
 ):
     # chunk G of BLOCK_N rows: (e4m3 latent [BLOCK_N, C] cast to `dtype`, unscaled; its float32
     # scale per row [BLOCK_N]). The integer decode leaves a factor 2^(7-15), put back through
@@ -48,6 +55,11 @@ def _ds_chunk(
     b_sc = tl.load(p_sc, mask=m_n, other=0.0)
     if not FP8_NATIVE:
         b_sc = b_sc * 256.0
+    if FOLD:
+        # the tile comes out dequantized in `dtype` (one rounding of the fp32 product; callers
+        # ignore the scale); the masked scale is also the barrier that keeps the tile staged
+        b_f = _e4m3_to(b_k8, tl.float32, FP8_NATIVE, E4M3_DECODE)
+        return (b_f * tl.where(m_n, b_sc, 0.0)[:, None]).to(dtype), b_sc
     b_k = _e4m3_to(b_k8, dtype, FP8_NATIVE, E4M3_DECODE)
     if STAGE and not (E4M3_DECODE == E4M3_PACKED_NO_MASK and not FP8_NATIVE):
         # applying the row mask after the cast keeps Triton from hoisting the cast into each
@@ -68,6 +80,35 @@ def _ds_rope(KV, o_row, m_n, dtype: tl.constexpr, L: tl.constexpr, R: tl.constex
     o_r = tl.arange(0, R)
     p_rope = (KV + o_row + L + 16).to(tl.pointer_type(tl.bfloat16))
     return tl.load(p_rope[:, None] + o_r[None, :], mask=m_n[:, None], other=0.0).to(dtype)
+
+
+@triton.jit
+def _ds_logits_folded(
+    KV,
+    o_row,
+    m_n,
+    b_q0,
+    b_q1,
+    b_q2,
+    b_q3,
+    b_qr,
+    b_k0,
+    b_k1,
+    b_k2,
+    b_k3,
+    L: tl.constexpr,
+    R: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    # dequantized chunks: the logits as one accumulation chain
+    b_s = tl.dot(b_q0, tl.trans(b_k0), input_precision=DOT_PRECISION)
+    b_s = tl.dot(b_q1, tl.trans(b_k1), b_s, input_precision=DOT_PRECISION)
+    b_s = tl.dot(b_q2, tl.trans(b_k2), b_s, input_precision=DOT_PRECISION)
+    b_s = tl.dot(b_q3, tl.trans(b_k3), b_s, input_precision=DOT_PRECISION)
+    if R > 0:
+        b_kr = _ds_rope(KV, o_row, m_n, b_qr.dtype, L, R)
+        b_s = tl.dot(b_qr, tl.trans(b_kr), b_s, input_precision=DOT_PRECISION)
+    return b_s
 
 
 @triton.jit
@@ -104,13 +145,39 @@ def _ds_step(
     FP8_NATIVE: tl.constexpr,
     E4M3_DECODE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    FOLD: tl.constexpr,
 ):
     # one gather step of the extra set: the main loop's step (written out in the kernel, as
     # measured) -> the updated accumulators, running sum, running max and reference scale
-    b_k0, b_c0 = _ds_chunk(STAGE, KV, o_row, m_n, 0, C, L, dtype, FP8_NATIVE, E4M3_DECODE)
-    b_k1, b_c1 = _ds_chunk(STAGE, KV, o_row, m_n, 1, C, L, dtype, FP8_NATIVE, E4M3_DECODE)
-    b_k2, b_c2 = _ds_chunk(STAGE, KV, o_row, m_n, 2, C, L, dtype, FP8_NATIVE, E4M3_DECODE)
-    b_k3, b_c3 = _ds_chunk(STAGE, KV, o_row, m_n, 3, C, L, dtype, FP8_NATIVE, E4M3_DECODE)
+    b_k0, b_c0 = _ds_chunk(STAGE, KV, o_row, m_n, 0, C, L, dtype, FP8_NATIVE, E4M3_DECODE, FOLD)
+    b_k1, b_c1 = _ds_chunk(STAGE, KV, o_row, m_n, 1, C, L, dtype, FP8_NATIVE, E4M3_DECODE, FOLD)
+    b_k2, b_c2 = _ds_chunk(STAGE, KV, o_row, m_n, 2, C, L, dtype, FP8_NATIVE, E4M3_DECODE, FOLD)
+    b_k3, b_c3 = _ds_chunk(STAGE, KV, o_row, m_n, 3, C, L, dtype, FP8_NATIVE, E4M3_DECODE, FOLD)
+    if FOLD:
+        b_s = _ds_logits_folded(
+            KV,
+            o_row,
+            m_n,
+            b_q0,
+            b_q1,
+            b_q2,
+            b_q3,
+            b_qr,
+            b_k0,
+            b_k1,
+            b_k2,
+            b_k3,
+            L,
+            R,
+            DOT_PRECISION,
+        )
+        b_p, b_alpha, b_l, b_m = _softmax_step(b_s, m_n, qk_scale, b_m, b_l)
+        b_pd = b_p.to(dtype)
+        b_a0 = tl.dot(b_pd, b_k0, b_a0 * b_alpha[:, None], input_precision=DOT_PRECISION)
+        b_a1 = tl.dot(b_pd, b_k1, b_a1 * b_alpha[:, None], input_precision=DOT_PRECISION)
+        b_a2 = tl.dot(b_pd, b_k2, b_a2 * b_alpha[:, None], input_precision=DOT_PRECISION)
+        b_a3 = tl.dot(b_pd, b_k3, b_a3 * b_alpha[:, None], input_precision=DOT_PRECISION)
+        return b_a0, b_a1, b_a2, b_a3, b_l, b_m, b_ref
     b_s = tl.dot(b_q0, tl.trans(b_k0), input_precision=DOT_PRECISION) * b_c0[None, :]
     b_s += tl.dot(b_q1, tl.trans(b_k1), input_precision=DOT_PRECISION) * b_c1[None, :]
     b_s += tl.dot(b_q2, tl.trans(b_k2), input_precision=DOT_PRECISION) * b_c2[None, :]
@@ -227,6 +294,8 @@ def sparse_mla_ds_mla_fwd_kernel(
     else:
         dtype = Q_nope.dtype.element_ty
     LOG2E: tl.constexpr = 1.4426950408889634
+    # MMAs with fp32's exponent range take the scales inside the tiles
+    FOLD: tl.constexpr = dtype == tl.bfloat16 or dtype == tl.float32
 
     o_h, m_h, o_h64 = _head_offsets(i_hb, H, BLOCK_H)
     if R > 0:
@@ -270,31 +339,56 @@ def sparse_mla_ds_mla_fwd_kernel(
             BT_SHIFT,
             PAGE_SHIFT,
         )
-        b_k0, b_c0 = _ds_chunk(STAGE, KV, o_row, m_n, 0, C, L, dtype, FP8_NATIVE, E4M3_DECODE)
-        b_k1, b_c1 = _ds_chunk(STAGE, KV, o_row, m_n, 1, C, L, dtype, FP8_NATIVE, E4M3_DECODE)
-        b_k2, b_c2 = _ds_chunk(STAGE, KV, o_row, m_n, 2, C, L, dtype, FP8_NATIVE, E4M3_DECODE)
-        b_k3, b_c3 = _ds_chunk(STAGE, KV, o_row, m_n, 3, C, L, dtype, FP8_NATIVE, E4M3_DECODE)
-        # [BLOCK_H, BLOCK_N] logits
-        b_s = tl.dot(b_q0, tl.trans(b_k0), input_precision=DOT_PRECISION) * b_c0[None, :]
-        b_s += tl.dot(b_q1, tl.trans(b_k1), input_precision=DOT_PRECISION) * b_c1[None, :]
-        b_s += tl.dot(b_q2, tl.trans(b_k2), input_precision=DOT_PRECISION) * b_c2[None, :]
-        b_s += tl.dot(b_q3, tl.trans(b_k3), input_precision=DOT_PRECISION) * b_c3[None, :]
-        if R > 0:
-            b_kr = _ds_rope(KV, o_row, m_n, b_qr.dtype, L, R)
-            b_s += tl.dot(b_qr, tl.trans(b_kr), input_precision=DOT_PRECISION)
-        b_p, b_alpha, b_l, b_m = _softmax_step(b_s, m_n, qk_scale, b_m, b_l)
-        b_cmax = tl.maximum(
-            tl.maximum(tl.max(b_c0, 0), tl.max(b_c1, 0)),
-            tl.maximum(tl.max(b_c2, 0), tl.max(b_c3, 0)),
-        )
-        b_ref_new = tl.where(b_cmax > 0.0, b_cmax, 1.0)
-        b_alpha = b_alpha * (b_ref / b_ref_new)
-        b_ref = b_ref_new
-        b_pr = b_p / b_ref
-        b_a0 = _ds_pv(b_pr, b_c0, b_k0, b_a0, b_alpha, dtype, DOT_PRECISION)
-        b_a1 = _ds_pv(b_pr, b_c1, b_k1, b_a1, b_alpha, dtype, DOT_PRECISION)
-        b_a2 = _ds_pv(b_pr, b_c2, b_k2, b_a2, b_alpha, dtype, DOT_PRECISION)
-        b_a3 = _ds_pv(b_pr, b_c3, b_k3, b_a3, b_alpha, dtype, DOT_PRECISION)
+        b_k0, b_c0 = _ds_chunk(STAGE, KV, o_row, m_n, 0, C, L, dtype, FP8_NATIVE, E4M3_DECODE, FOLD)
+        b_k1, b_c1 = _ds_chunk(STAGE, KV, o_row, m_n, 1, C, L, dtype, FP8_NATIVE, E4M3_DECODE, FOLD)
+        b_k2, b_c2 = _ds_chunk(STAGE, KV, o_row, m_n, 2, C, L, dtype, FP8_NATIVE, E4M3_DECODE, FOLD)
+        b_k3, b_c3 = _ds_chunk(STAGE, KV, o_row, m_n, 3, C, L, dtype, FP8_NATIVE, E4M3_DECODE, FOLD)
+        if FOLD:
+            b_s = _ds_logits_folded(
+                KV,
+                o_row,
+                m_n,
+                b_q0,
+                b_q1,
+                b_q2,
+                b_q3,
+                b_qr,
+                b_k0,
+                b_k1,
+                b_k2,
+                b_k3,
+                L,
+                R,
+                DOT_PRECISION,
+            )
+            b_p, b_alpha, b_l, b_m = _softmax_step(b_s, m_n, qk_scale, b_m, b_l)
+            b_pd = b_p.to(dtype)
+            b_a0 = tl.dot(b_pd, b_k0, b_a0 * b_alpha[:, None], input_precision=DOT_PRECISION)
+            b_a1 = tl.dot(b_pd, b_k1, b_a1 * b_alpha[:, None], input_precision=DOT_PRECISION)
+            b_a2 = tl.dot(b_pd, b_k2, b_a2 * b_alpha[:, None], input_precision=DOT_PRECISION)
+            b_a3 = tl.dot(b_pd, b_k3, b_a3 * b_alpha[:, None], input_precision=DOT_PRECISION)
+        else:
+            # [BLOCK_H, BLOCK_N] logits
+            b_s = tl.dot(b_q0, tl.trans(b_k0), input_precision=DOT_PRECISION) * b_c0[None, :]
+            b_s += tl.dot(b_q1, tl.trans(b_k1), input_precision=DOT_PRECISION) * b_c1[None, :]
+            b_s += tl.dot(b_q2, tl.trans(b_k2), input_precision=DOT_PRECISION) * b_c2[None, :]
+            b_s += tl.dot(b_q3, tl.trans(b_k3), input_precision=DOT_PRECISION) * b_c3[None, :]
+            if R > 0:
+                b_kr = _ds_rope(KV, o_row, m_n, b_qr.dtype, L, R)
+                b_s += tl.dot(b_qr, tl.trans(b_kr), input_precision=DOT_PRECISION)
+            b_p, b_alpha, b_l, b_m = _softmax_step(b_s, m_n, qk_scale, b_m, b_l)
+            b_cmax = tl.maximum(
+                tl.maximum(tl.max(b_c0, 0), tl.max(b_c1, 0)),
+                tl.maximum(tl.max(b_c2, 0), tl.max(b_c3, 0)),
+            )
+            b_ref_new = tl.where(b_cmax > 0.0, b_cmax, 1.0)
+            b_alpha = b_alpha * (b_ref / b_ref_new)
+            b_ref = b_ref_new
+            b_pr = b_p / b_ref
+            b_a0 = _ds_pv(b_pr, b_c0, b_k0, b_a0, b_alpha, dtype, DOT_PRECISION)
+            b_a1 = _ds_pv(b_pr, b_c1, b_k1, b_a1, b_alpha, dtype, DOT_PRECISION)
+            b_a2 = _ds_pv(b_pr, b_c2, b_k2, b_a2, b_alpha, dtype, DOT_PRECISION)
+            b_a3 = _ds_pv(b_pr, b_c3, b_k3, b_a3, b_alpha, dtype, DOT_PRECISION)
     if HAS_EXTRA:
         # the extra set's part of this split, continuing the same softmax (latent.py)
         i_xreq, x_lo, x_hi = _extra_bounds(
@@ -356,6 +450,7 @@ def sparse_mla_ds_mla_fwd_kernel(
                 FP8_NATIVE,
                 E4M3_DECODE,
                 DOT_PRECISION,
+                FOLD,
             )
 
     # normalise; an empty (t, split) gives zeros and LSE -inf
