@@ -106,3 +106,18 @@ def test_v4_sweep_plans_on_the_path(tune, monkeypatch, cc):
                 config=cfg,
             )
             assert plan.constexprs["STAGE"] is cfg.stage_dequant
+
+
+def test_ds_mma_sweep_plans_on_sm90(tune, monkeypatch):
+    """fp8_ds_mla's MMA-dtype sweep on sm90: every tile runs its MMAs in q's dtype (the folded
+    form), staged or not, and includes 64-row steps with one and two stages."""
+    arch = next(a for a in TARGETS if a.backend == "cuda" and a.cc == 90)
+    monkeypatch.setattr(tune, "arch_of", lambda device: arch)
+    cases, configs = tune.SWEEPS["ds-mma"]
+    for case in cases:
+        cfgs = configs(case)
+        assert all(c.fp16_mma is False for c in cfgs)
+        assert {(c.block_n, c.num_stages) for c in cfgs if c.block_n == 64} == {(64, 1), (64, 2)}
+        for cfg in cfgs:
+            plan = plan_of(case, cfg, arch)
+            assert plan.constexprs["STAGE"] is cfg.stage_dequant

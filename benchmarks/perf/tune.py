@@ -171,7 +171,9 @@ SWEEPS = {
         ),
     ),
     # fp8_ds_mla 64-head tiles: fp16 MMAs hold the four q chunks as register wgmma operands and
-    # spill (208 B, Triton 3.6 ptxas); bf16 MMAs keep them in shared memory (no spills)
+    # spill (208 B, Triton 3.6 ptxas); bf16 MMAs keep them in shared memory (no spills) and
+    # fold the scales into the tile (PERFORMANCE.md log 25), also in 64-row steps (725
+    # instructions per 32 rows against 1004, 190 KB of shared memory with two stages)
     "ds-mma": (
         [
             Case("decode T=128 H=64", 128, 64, kv_format="fp8_ds_mla"),
@@ -180,18 +182,42 @@ SWEEPS = {
             Case("decode T=1 H=128", 1, 128, kv_format="fp8_ds_mla"),
             Case("prefill T=4096 H=64", 4096, 64, rows=65536, kv_format="fp8_ds_mla"),
         ],
-        lambda c: [
-            dataclasses.replace(
-                choose_config(
-                    c.tokens, c.heads, c.topk, c.dtype, c.kv_format, arch_of(torch.device("cuda"))
-                ),
-                fp16_mma=False,
-                stage_dequant=stage,
-                block_n=bn,
-            )
-            for stage in (True, False)
-            for bn in (32, 16)
-        ],
+        lambda c: (
+            [
+                dataclasses.replace(
+                    choose_config(
+                        c.tokens,
+                        c.heads,
+                        c.topk,
+                        c.dtype,
+                        c.kv_format,
+                        arch_of(torch.device("cuda")),
+                    ),
+                    fp16_mma=False,
+                    stage_dequant=stage,
+                    block_n=bn,
+                )
+                for stage in (True, False)
+                for bn in (32, 16)
+            ]
+            + [
+                dataclasses.replace(
+                    choose_config(
+                        c.tokens,
+                        c.heads,
+                        c.topk,
+                        c.dtype,
+                        c.kv_format,
+                        arch_of(torch.device("cuda")),
+                    ),
+                    fp16_mma=False,
+                    stage_dequant=True,
+                    block_n=64,
+                    num_stages=stages,
+                )
+                for stages in (1, 2)
+            ]
+        ),
     ),
     # the integer e4m3 decode (sm80/86's path) scalar against packed (inline PTX, four values a
     # call; docs/perf-log/12-packed-e4m3-sass.txt): per-tensor fp8 and fp8_ds_mla
