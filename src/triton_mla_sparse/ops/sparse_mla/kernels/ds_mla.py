@@ -344,6 +344,9 @@ def sparse_mla_ds_mla_fwd_kernel(
         b_k2, b_c2 = _ds_chunk(STAGE, KV, o_row, m_n, 2, C, L, dtype, FP8_NATIVE, E4M3_DECODE, FOLD)
         b_k3, b_c3 = _ds_chunk(STAGE, KV, o_row, m_n, 3, C, L, dtype, FP8_NATIVE, E4M3_DECODE, FOLD)
         if FOLD:
+            b_qf = b_q0  # stands in for the rope part of q where there is none (R == 0: unread)
+            if R > 0:
+                b_qf = b_qr
             b_s = _ds_logits_folded(
                 KV,
                 o_row,
@@ -352,7 +355,7 @@ def sparse_mla_ds_mla_fwd_kernel(
                 b_q1,
                 b_q2,
                 b_q3,
-                b_qr,
+                b_qf,
                 b_k0,
                 b_k1,
                 b_k2,
