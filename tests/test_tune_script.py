@@ -10,13 +10,14 @@ from triton_mla_sparse.ops.sparse_mla.plan import make_plan
 from triton_mla_sparse.ops.target import TARGETS
 
 
-def plan_of(case, cfg, arch):
-    """The launch plan of one swept configuration of ``case`` on ``arch`` (on a GPU)."""
+def plan_of(case, cfg, arch, rope=64, **kw):
+    """The launch plan of one swept configuration of ``case`` on ``arch`` (on a GPU); ``kw``:
+    make_plan's other arguments (a sink, an extra set)."""
     return make_plan(
         num_tokens=case.tokens,
         num_heads=case.heads,
         latent=512,
-        rope=64,
+        rope=rope,
         width=case.topk,
         dtype=case.dtype,
         kv_format=case.kv_format,
@@ -24,6 +25,7 @@ def plan_of(case, cfg, arch):
         on_gpu=True,
         page_size=64,
         config=cfg,
+        **kw,
     )
 
 
@@ -87,23 +89,16 @@ def test_v4_sweep_plans_on_the_path(tune, monkeypatch, cc):
         if default.stage_dequant:
             assert any(not c.stage_dequant for c in cfgs)
         for cfg in cfgs:
-            plan = make_plan(
-                num_tokens=case.tokens,
-                num_heads=case.heads,
-                latent=512,
+            plan = plan_of(
+                case,
+                cfg,
+                arch,
                 rope=0,
-                width=case.topk,
-                dtype=case.dtype,
-                kv_format=case.kv_format,
-                arch=arch,
-                on_gpu=True,
-                page_size=64,
                 has_counts=True,
                 has_sink=True,
                 extra_width=case.extra_topk,
                 extra_page_size=64,
                 extra_has_counts=True,
-                config=cfg,
             )
             assert plan.constexprs["STAGE"] is cfg.stage_dequant
 

@@ -92,6 +92,24 @@ def v4_tiles(c: Case) -> list[KernelConfig]:
     return out
 
 
+def ds_mma_tiles(c: Case) -> list[KernelConfig]:
+    """fp8_ds_mla's own tile with MMAs in q's dtype (the folded form): staged or not, 32- and
+    16-row steps, and staged 64-row steps with one and two stages."""
+    base = choose_config(
+        c.tokens, c.heads, c.topk, c.dtype, c.kv_format, arch_of(torch.device("cuda"))
+    )
+    base = dataclasses.replace(base, fp16_mma=False)
+    steps = [
+        dataclasses.replace(base, stage_dequant=stage, block_n=bn)
+        for stage in (True, False)
+        for bn in (32, 16)
+    ]
+    return steps + [
+        dataclasses.replace(base, stage_dequant=True, block_n=64, num_stages=stages)
+        for stages in (1, 2)
+    ]
+
+
 def grid(block_h, block_n, warps, stages, splits, **extra):
     combos = itertools.product(block_h, block_n, warps, stages, splits)
     return [KernelConfig(*c, **extra) for c in combos]
@@ -182,42 +200,7 @@ SWEEPS = {
             Case("decode T=1 H=128", 1, 128, kv_format="fp8_ds_mla"),
             Case("prefill T=4096 H=64", 4096, 64, rows=65536, kv_format="fp8_ds_mla"),
         ],
-        lambda c: (
-            [
-                dataclasses.replace(
-                    choose_config(
-                        c.tokens,
-                        c.heads,
-                        c.topk,
-                        c.dtype,
-                        c.kv_format,
-                        arch_of(torch.device("cuda")),
-                    ),
-                    fp16_mma=False,
-                    stage_dequant=stage,
-                    block_n=bn,
-                )
-                for stage in (True, False)
-                for bn in (32, 16)
-            ]
-            + [
-                dataclasses.replace(
-                    choose_config(
-                        c.tokens,
-                        c.heads,
-                        c.topk,
-                        c.dtype,
-                        c.kv_format,
-                        arch_of(torch.device("cuda")),
-                    ),
-                    fp16_mma=False,
-                    stage_dequant=True,
-                    block_n=64,
-                    num_stages=stages,
-                )
-                for stages in (1, 2)
-            ]
-        ),
+        ds_mma_tiles,
     ),
     # the integer e4m3 decode (sm80/86's path) scalar against packed (inline PTX, four values a
     # call; docs/perf-log/12-packed-e4m3-sass.txt): per-tensor fp8 and fp8_ds_mla

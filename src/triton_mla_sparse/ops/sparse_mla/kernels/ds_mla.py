@@ -83,35 +83,6 @@ def _ds_rope(KV, o_row, m_n, dtype: tl.constexpr, L: tl.constexpr, R: tl.constex
 
 
 @triton.jit
-def _ds_logits_folded(
-    KV,
-    o_row,
-    m_n,
-    b_q0,
-    b_q1,
-    b_q2,
-    b_q3,
-    b_qr,
-    b_k0,
-    b_k1,
-    b_k2,
-    b_k3,
-    L: tl.constexpr,
-    R: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
-    # dequantized chunks: the logits as one accumulation chain
-    b_s = tl.dot(b_q0, tl.trans(b_k0), input_precision=DOT_PRECISION)
-    b_s = tl.dot(b_q1, tl.trans(b_k1), b_s, input_precision=DOT_PRECISION)
-    b_s = tl.dot(b_q2, tl.trans(b_k2), b_s, input_precision=DOT_PRECISION)
-    b_s = tl.dot(b_q3, tl.trans(b_k3), b_s, input_precision=DOT_PRECISION)
-    if R > 0:
-        b_kr = _ds_rope(KV, o_row, m_n, b_qr.dtype, L, R)
-        b_s = tl.dot(b_qr, tl.trans(b_kr), b_s, input_precision=DOT_PRECISION)
-    return b_s
-
-
-@triton.jit
 def _ds_pv(b_pr, b_c, b_k, b_a, b_alpha, dtype: tl.constexpr, DOT_PRECISION: tl.constexpr):
     # one chunk's accumulator after a step: rescaled by alpha, plus (P * chunk scale) @ V chunk
     return tl.dot(
@@ -147,30 +118,22 @@ def _ds_step(
     DOT_PRECISION: tl.constexpr,
     FOLD: tl.constexpr,
 ):
-    # one gather step of the extra set: the main loop's step (written out in the kernel, as
-    # measured) -> the updated accumulators, running sum, running max and reference scale
+    # one gather step of the extra set, and of the main set in the folded form (the fp16 form's
+    # main-loop step is written out in the kernel, as measured) -> the updated accumulators,
+    # running sum, running max and reference scale
     b_k0, b_c0 = _ds_chunk(STAGE, KV, o_row, m_n, 0, C, L, dtype, FP8_NATIVE, E4M3_DECODE, FOLD)
     b_k1, b_c1 = _ds_chunk(STAGE, KV, o_row, m_n, 1, C, L, dtype, FP8_NATIVE, E4M3_DECODE, FOLD)
     b_k2, b_c2 = _ds_chunk(STAGE, KV, o_row, m_n, 2, C, L, dtype, FP8_NATIVE, E4M3_DECODE, FOLD)
     b_k3, b_c3 = _ds_chunk(STAGE, KV, o_row, m_n, 3, C, L, dtype, FP8_NATIVE, E4M3_DECODE, FOLD)
     if FOLD:
-        b_s = _ds_logits_folded(
-            KV,
-            o_row,
-            m_n,
-            b_q0,
-            b_q1,
-            b_q2,
-            b_q3,
-            b_qr,
-            b_k0,
-            b_k1,
-            b_k2,
-            b_k3,
-            L,
-            R,
-            DOT_PRECISION,
-        )
+        # dequantized chunks: the logits as one accumulation chain
+        b_s = tl.dot(b_q0, tl.trans(b_k0), input_precision=DOT_PRECISION)
+        b_s = tl.dot(b_q1, tl.trans(b_k1), b_s, input_precision=DOT_PRECISION)
+        b_s = tl.dot(b_q2, tl.trans(b_k2), b_s, input_precision=DOT_PRECISION)
+        b_s = tl.dot(b_q3, tl.trans(b_k3), b_s, input_precision=DOT_PRECISION)
+        if R > 0:
+            b_kr = _ds_rope(KV, o_row, m_n, b_qr.dtype, L, R)
+            b_s = tl.dot(b_qr, tl.trans(b_kr), b_s, input_precision=DOT_PRECISION)
         b_p, b_alpha, b_l, b_m = _softmax_step(b_s, m_n, qk_scale, b_m, b_l)
         b_pd = b_p.to(dtype)
         b_a0 = tl.dot(b_pd, b_k0, b_a0 * b_alpha[:, None], input_precision=DOT_PRECISION)
@@ -321,6 +284,9 @@ def sparse_mla_ds_mla_fwd_kernel(
     # P is scaled by scale / b_ref (b_ref: the step's largest scale) so that it stays in [0, 1]
     # like an unscaled P; the accumulators are kept in units of the current b_ref.
     b_ref = 1.0
+    b_qx = b_q0  # stands in for the rope part of q where there is none (R == 0: unread)
+    if R > 0:
+        b_qx = b_qr
     for w0 in range(w_lo, w_hi, BLOCK_N):
         b_idx = _load_idx(Idx, i_t, w0, w_hi, stride_it, stride_iw, BLOCK_N)
         o_row, m_n = _row_offsets(
@@ -339,15 +305,10 @@ def sparse_mla_ds_mla_fwd_kernel(
             BT_SHIFT,
             PAGE_SHIFT,
         )
-        b_k0, b_c0 = _ds_chunk(STAGE, KV, o_row, m_n, 0, C, L, dtype, FP8_NATIVE, E4M3_DECODE, FOLD)
-        b_k1, b_c1 = _ds_chunk(STAGE, KV, o_row, m_n, 1, C, L, dtype, FP8_NATIVE, E4M3_DECODE, FOLD)
-        b_k2, b_c2 = _ds_chunk(STAGE, KV, o_row, m_n, 2, C, L, dtype, FP8_NATIVE, E4M3_DECODE, FOLD)
-        b_k3, b_c3 = _ds_chunk(STAGE, KV, o_row, m_n, 3, C, L, dtype, FP8_NATIVE, E4M3_DECODE, FOLD)
         if FOLD:
-            b_qf = b_q0  # stands in for the rope part of q where there is none (R == 0: unread)
-            if R > 0:
-                b_qf = b_qr
-            b_s = _ds_logits_folded(
+            # the folded step is short enough to share with the extra set (the fp16 form below
+            # stays written out, as it was measured)
+            b_a0, b_a1, b_a2, b_a3, b_l, b_m, b_ref = _ds_step(
                 KV,
                 o_row,
                 m_n,
@@ -355,22 +316,38 @@ def sparse_mla_ds_mla_fwd_kernel(
                 b_q1,
                 b_q2,
                 b_q3,
-                b_qf,
-                b_k0,
-                b_k1,
-                b_k2,
-                b_k3,
+                b_qx,
+                b_a0,
+                b_a1,
+                b_a2,
+                b_a3,
+                b_l,
+                b_m,
+                b_ref,
+                qk_scale,
+                STAGE,
+                C,
                 L,
                 R,
+                dtype,
+                FP8_NATIVE,
+                E4M3_DECODE,
                 DOT_PRECISION,
+                FOLD,
             )
-            b_p, b_alpha, b_l, b_m = _softmax_step(b_s, m_n, qk_scale, b_m, b_l)
-            b_pd = b_p.to(dtype)
-            b_a0 = tl.dot(b_pd, b_k0, b_a0 * b_alpha[:, None], input_precision=DOT_PRECISION)
-            b_a1 = tl.dot(b_pd, b_k1, b_a1 * b_alpha[:, None], input_precision=DOT_PRECISION)
-            b_a2 = tl.dot(b_pd, b_k2, b_a2 * b_alpha[:, None], input_precision=DOT_PRECISION)
-            b_a3 = tl.dot(b_pd, b_k3, b_a3 * b_alpha[:, None], input_precision=DOT_PRECISION)
         else:
+            b_k0, b_c0 = _ds_chunk(
+                STAGE, KV, o_row, m_n, 0, C, L, dtype, FP8_NATIVE, E4M3_DECODE, FOLD
+            )
+            b_k1, b_c1 = _ds_chunk(
+                STAGE, KV, o_row, m_n, 1, C, L, dtype, FP8_NATIVE, E4M3_DECODE, FOLD
+            )
+            b_k2, b_c2 = _ds_chunk(
+                STAGE, KV, o_row, m_n, 2, C, L, dtype, FP8_NATIVE, E4M3_DECODE, FOLD
+            )
+            b_k3, b_c3 = _ds_chunk(
+                STAGE, KV, o_row, m_n, 3, C, L, dtype, FP8_NATIVE, E4M3_DECODE, FOLD
+            )
             # [BLOCK_H, BLOCK_N] logits
             b_s = tl.dot(b_q0, tl.trans(b_k0), input_precision=DOT_PRECISION) * b_c0[None, :]
             b_s += tl.dot(b_q1, tl.trans(b_k1), input_precision=DOT_PRECISION) * b_c1[None, :]
@@ -407,9 +384,6 @@ def sparse_mla_ds_mla_fwd_kernel(
             EXTRA_HAS_COUNTS,
             EXTRA_HAS_BT,
         )
-        b_qx = b_q0  # stands in for the rope part of q where there is none (R == 0: unread)
-        if R > 0:
-            b_qx = b_qr
         for x0 in range(x_lo, x_hi, BLOCK_N):
             b_idx = _load_idx(ExtraIdx, i_t, x0, x_hi, stride_xit, stride_xiw, BLOCK_N)
             o_row, m_n = _row_offsets(
