@@ -16,7 +16,13 @@ from test_sparse_mla import assert_matches, poison_
 
 from triton_mla_sparse import KernelConfig, pack_fp8_ds_mla, sparse_mla
 from triton_mla_sparse.kv_format import quantize_fp8
-from triton_mla_sparse.ops.sparse_mla.heuristics import TARGETS, Arch, choose_config, fp16_mma_for
+from triton_mla_sparse.ops.sparse_mla.heuristics import (
+    TARGETS,
+    Arch,
+    choose_config,
+    folds_v4_scales,
+    fp16_mma_for,
+)
 from triton_mla_sparse.reference import sparse_mla_reference
 
 SM90 = Arch("cuda", 90, 132)
@@ -39,6 +45,30 @@ def test_fp16_mma_elsewhere(arch, dtype, fmt, heads):
         arch == SM90 and fmt == "fp8" and dtype == torch.bfloat16 and cfg.block_h >= 64
     )
     assert fp16_mma_for(dtype, fmt, arch, cfg.block_h) is not wide_sm90_fp8_bf16
+
+
+@pytest.mark.parametrize("arch", TARGETS, ids=lambda a: f"{a.backend}{a.cc}")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("tokens", [1, 8, 16, 128])
+@pytest.mark.parametrize("heads", [16, 64, 128])
+def test_v4_record_folds_its_scales_on_sm90_with_bf16(arch, dtype, tokens, heads):
+    """The V4 record runs bf16 MMAs with folded scales on sm90 with bf16 q (16-head blocks
+    below 16 tokens, 64-row two-stage steps in 64-head tiles); every other target and fp16 q
+    keep fp16 MMAs in fp8_ds_mla's tiles."""
+    fmt = "fp8_ds_mla_v4"
+    cfg = choose_config(tokens, heads, 128 + 512, dtype, fmt, arch, block_table=True)
+    folded = arch == SM90 and dtype == torch.bfloat16
+    assert folds_v4_scales(dtype, fmt, arch) is folded
+    assert fp16_mma_for(dtype, fmt, arch, cfg.block_h) is not folded
+    plain = choose_config(tokens, heads, 128 + 512, dtype, "fp8_ds_mla", arch, block_table=True)
+    if not folded:
+        assert cfg.block_n == 32 and cfg.block_h <= plain.block_h
+        return
+    assert cfg.block_h == (16 if tokens < 16 else min(64, heads))
+    if cfg.block_h == 64:
+        assert (cfg.block_n, cfg.num_stages, cfg.stage_dequant) == (64, 2, True)
+    else:
+        assert (cfg.block_n, cfg.num_stages) == (plain.block_n, plain.num_stages)
 
 
 @pytest.mark.gpu

@@ -209,17 +209,20 @@ WIDE_MMA_DTYPES = [pytest.param(dt, id=dtype_id(dt)) for dt in DTYPES if dt != t
 @pytest.mark.parametrize("staged", [False, True], ids=["hoisted", "staged"])
 @pytest.mark.parametrize("splits", [1, 2])
 def test_mmas_in_q_dtype_on_wide_scales(dtype, native, staged, splits):
-    """bf16 / fp32 q with MMAs in q's dtype rather than fp16 (P times each chunk's scale over
-    the step's largest, in q's dtype): groups over twelve decades (scales 2^-22 .. 2^21), both
-    caches, a sink, -1 runs; against the float64 reference within q's tolerance, zeros where
-    no index points."""
+    """bf16 / fp32 q with MMAs in q's dtype rather than fp16 (the scales folded into the
+    tile): groups over twelve decades (scales 2^-22 .. 2^21), both caches, a sink, -1 runs;
+    against the float64 reference within q's tolerance, zeros where no index points. q is
+    small enough that the logits stay at a few tens of nats, as attention's do: a split's
+    fp32 LSE carries a rounding of |LSE| x 2^-24, which the merge turns into relative output
+    error (up to ~1e-4 at |LSE| ~ 900; an H200 measured 1.7e-5 there, past fp32's 1e-5 check
+    however exactly the rest of the kernel computes)."""
     g = gen(441 + 2 * splits + native)
     t, h = 6, 5
     s = swa_and_compressed(t, g)
     (idx, cnt, page, n), (xidx, xcnt, xpage, xn) = s["main"], s["extra"]
     cache = v4_cache(v4_rows(n, g, 6.0), page, used_slots(n, idx, valid_counts=cnt))
     xcache = v4_cache(v4_rows(xn, g, 6.0), xpage, used_slots(xn, xidx, valid_counts=xcnt))
-    q = (torch.randn(t, h, DS_V4_WIDTH, generator=g) * 1e-3).to(dtype).to(DEVICE)
+    q = (torch.randn(t, h, DS_V4_WIDTH, generator=g) * 3e-5).to(dtype).to(DEVICE)
     kw = dict(
         valid_counts=cnt,
         extra_kv_cache=xcache,

@@ -70,7 +70,8 @@ def test_stage_sweep_plans_on_the_path(tune, monkeypatch, cc):
 @pytest.mark.parametrize("cc", [80, 86, 89, 90, 100, 120])
 def test_v4_sweep_plans_on_the_path(tune, monkeypatch, cc):
     """Every DeepSeek-V4 tile swept is a plan the kernels run on that path: head blocks within
-    the path's limit, the heuristic's own tile among them, both staging forms where it stages."""
+    the path's limit, the heuristic's own tile among them, both staging forms where it stages,
+    both MMA forms."""
     from triton_mla_sparse.ops.sparse_mla.heuristics import choose_config, max_block_h
 
     arch = next(a for a in TARGETS if a.backend == "cuda" and a.cc == cc)
@@ -82,6 +83,7 @@ def test_v4_sweep_plans_on_the_path(tune, monkeypatch, cc):
         default = choose_config(case.tokens, case.heads, width, case.dtype, case.kv_format, arch)
         cfgs = configs(case)
         assert len(set(cfgs)) == len(cfgs)
+        assert {c.fp16_mma for c in cfgs} == {True, False}
         blocks = {c.block_h for c in cfgs}
         assert max(blocks) <= max_block_h(case.dtype, case.kv_format, arch) and 16 in blocks
         assert any(c.block_h == default.block_h and c.num_warps == default.num_warps for c in cfgs)
@@ -101,6 +103,7 @@ def test_v4_sweep_plans_on_the_path(tune, monkeypatch, cc):
                 extra_has_counts=True,
             )
             assert plan.constexprs["STAGE"] is cfg.stage_dequant
+            assert plan.constexprs["MMA_FP16"] is cfg.fp16_mma
 
 
 def test_ds_mma_sweep_plans_on_sm90(tune, monkeypatch):

@@ -59,34 +59,37 @@ def staged_or_not(c: Case) -> list[KernelConfig]:
 
 
 def v4_tiles(c: Case) -> list[KernelConfig]:
-    """DeepSeek-V4's record (fp8_ds_mla_v4) in every head block the path compiles (its
-    max_block_h), 4 or 8 warps, the split count the heuristic would give that block, staged or
-    not, and MMAs in q's dtype (the folded form, log 25); the 64-head folded tile also in 64-row
-    steps with one and two stages (fewer instructions per row, more spills: perf-log 19). These
-    tiles were fp8_ds_mla's, never timed for the V4 record (log 24)."""
+    """DeepSeek-V4's record (fp8_ds_mla_v4) in the 32-row steps it shares with fp8_ds_mla, in
+    every head block the path compiles (its max_block_h), 4 or 8 warps, the split count the
+    heuristic would give that block, staged or not, with fp16 MMAs (scaled chunks) and with
+    MMAs in q's dtype (the folded form); the 64-head folded tile also in 64-row steps with one
+    and two stages (fewer instructions per row, more spills: perf-log 19). The heuristic's own
+    tile is the sweep's first row (tune's default)."""
     arch = arch_of(torch.device("cuda"))
     width = c.topk + c.extra_topk
-    base = choose_config(c.tokens, c.heads, width, c.dtype, c.kv_format, arch, block_table=True)
+    # fp8_ds_mla's tile for the same call: the record's 32-row steps, stages and staging
+    shared = choose_config(c.tokens, c.heads, width, c.dtype, "fp8_ds_mla", arch, block_table=True)
     limit = max_block_h(c.dtype, c.kv_format, arch)
     out = []
     for block_h, warps in ((64, 8), (32, 4), (32, 8), (16, 4)):
         if block_h > limit or block_h > max(16, c.heads):
             continue
         programs = c.tokens * -(-c.heads // block_h)
-        splits = num_splits_for(programs, width, base.block_n, arch.num_sms, block_h)
-        for stage in (True, False) if base.stage_dequant else (False,):
-            tile = dataclasses.replace(
-                base, block_h=block_h, num_warps=warps, num_splits=splits, stage_dequant=stage
-            )
-            out.append(tile)
-        folded = dataclasses.replace(out[-1], stage_dequant=base.stage_dequant, fp16_mma=False)
-        out.append(folded)
-        if block_h == 64 and base.stage_dequant:
+        splits = num_splits_for(programs, width, shared.block_n, arch.num_sms, block_h)
+        tile = dataclasses.replace(shared, block_h=block_h, num_warps=warps, num_splits=splits)
+        for stage in (True, False) if shared.stage_dequant else (False,):
+            for fp16_mma in (True, False):
+                out.append(dataclasses.replace(tile, stage_dequant=stage, fp16_mma=fp16_mma))
+        if block_h == 64 and shared.stage_dequant:
             long_steps = num_splits_for(programs, width, 64, arch.num_sms, block_h)
             for stages in (1, 2):
                 out.append(
                     dataclasses.replace(
-                        folded, block_n=64, num_stages=stages, num_splits=long_steps
+                        tile,
+                        block_n=64,
+                        num_stages=stages,
+                        num_splits=long_steps,
+                        fp16_mma=False,
                     )
                 )
     return out
@@ -268,10 +271,8 @@ def sweep(args, dev, path: str) -> None:
         cases, configs = SWEEPS[name]
         for case in cases:
             prepared = prepare(case, dev)
-            default = choose_config(
-                case.tokens, case.heads, case.topk, case.dtype, case.kv_format, arch_of(dev)
-            )
-            for cfg in [default, *configs(case)]:
+            # None: the configuration sparse_mla chooses for the call (its plan)
+            for cfg in [None, *configs(case)]:
                 try:
                     r = run_case(case, dev, ceil, config=cfg, prepared=prepared)
                     d = dataclasses.asdict(r)
@@ -283,7 +284,7 @@ def sweep(args, dev, path: str) -> None:
                         "error": repr(e)[:300],
                     }
                     traceback.print_exc(limit=1)
-                d["sweep"], d["default"], d["path"] = name, cfg == default, path
+                d["sweep"], d["default"], d["path"] = name, cfg is None, path
                 rows.append(d)
                 with open(log, "w") as f:
                     json.dump({"ceilings": dataclasses.asdict(ceil), "rows": rows}, f, indent=1)

@@ -28,6 +28,7 @@ __all__ = [
     "choose_config",
     "e4m3_decode_for",
     "fp16_mma_for",
+    "folds_v4_scales",
     "max_block_h",
     "num_splits_for",
     "split_len_for",
@@ -132,8 +133,13 @@ def tile_config(
     big_smem = arch.smem_bytes >= SMEM_LARGE_CLASS
     if wide:
         return KernelConfig(block_h, 32 if big_smem else 16, warps, 1)
+    if folds_v4_scales(dtype, kv_format, arch) and block_h >= 64:
+        # H200, DeepSeek-V4 decode, 64 heads (Triton 3.8, PERFORMANCE.md log 25): folded 64-row
+        # steps over two stages 52 / 83 us at 64 / 128 tokens against 67 / 111 in 32-row steps
+        # (one stage 56 / 86).
+        return KernelConfig(block_h, 64, warps, 2, stage_dequant=True)
     if kv_format in SCALED_CHUNK_FORMATS:
-        # fp8_ds_mla_v4 takes fp8_ds_mla's tiles (not measured on a GPU yet).
+        # fp8_ds_mla_v4 otherwise takes fp8_ds_mla's tiles.
         # H200, 128 tokens x 16 heads: staged 32-row tiles 160 us, hoisted 174 us, 64-row tiles
         # 207-290 us. Staging needs ~105 KB of shared memory, so 99 KB parts keep the hoisted form.
         return KernelConfig(block_h, 32, warps, 2 if big_smem else 1, stage_dequant=big_smem)
@@ -213,7 +219,12 @@ def choose_config(
 ) -> KernelConfig:
     """The launch configuration of one call; ``block_table``: the call maps indices through a
     block table (then the gather loop loads each step's indices in the step, never ahead)."""
-    block_h = block_h_for(num_heads, max_block_h(dtype, kv_format, arch))
+    limit = max_block_h(dtype, kv_format, arch)
+    if folds_v4_scales(dtype, kv_format, arch) and num_tokens < SHORT_DECODE_TOKENS:
+        # H200, DeepSeek-V4 decode, 1 token x 64 heads: 16-head blocks 8.1 us, 32-head 9.7,
+        # 64-head 13.7 (more programs share the gather); at 16 tokens all three are within 9%
+        limit = min(limit, 16)
+    block_h = block_h_for(num_heads, limit)
     num_hb = -(-num_heads // block_h)
     programs = num_tokens * num_hb
     base = tile_config(block_h, dtype, kv_format, arch, programs)
@@ -225,16 +236,31 @@ def choose_config(
     return cfg
 
 
+def folds_v4_scales(dtype: torch.dtype, kv_format: str, arch: Arch) -> bool:
+    """Whether the V4 record runs bf16 MMAs with its scales folded into the tile (exact: a
+    power of two times an e4m3 value is a bf16 value), so that QK^T is one chain of dots. sm90
+    with bf16 q, where it was timed (H200, Triton 3.8, DeepSeek-V4 decode at 64 heads,
+    PERFORMANCE.md log 25)."""
+    wgmma = arch.backend == "cuda" and int(arch.cc) == 90
+    return wgmma and kv_format == "fp8_ds_mla_v4" and dtype == torch.bfloat16
+
+
 def fp16_mma_for(dtype: torch.dtype, kv_format: str, arch: Arch, block_h: int) -> bool:
     """Whether an e4m3 cache runs its MMAs in fp16 rather than in q's dtype.
 
-    fp16 everywhere except per-tensor fp8 with bf16 q in 64-head tiles on sm90: there the bf16 ->
+    Not for the V4 record where its scales fold (folds_v4_scales). fp8_ds_mla keeps fp16 MMAs:
+    folding its fp32 scales rounds every dequantized value to bf16 (as FlashMLA does), which was
+    faster on the H200 (128 tokens x 64 heads: 263 us, 195 in 64-row steps, against 322) but
+    put the LSE of a 64-head call 0.016 from float64 where the fp16 MMAs stay within 0.01.
+    Otherwise fp16 everywhere except per-tensor fp8 with bf16 q in 64-head tiles on sm90: there the bf16 ->
     fp16 conversion makes Triton hold q as a register-sourced wgmma operand ([64, 512] fp16 in
     registers), ptxas serialises the wgmmas and spills, and that variant returned non-finite
     partials for heads 16-63 under compute-sanitizer memcheck (docs/RELIABILITY.md). bf16 MMAs
     keep q in shared memory and measured faster there too (H200: 128 tokens x 64 / 128 heads
     266 -> 209 / 521 -> 407 us); 16-head tiles stay fp16 (bf16 MMAs 3-13% slower).
     """
+    if folds_v4_scales(dtype, kv_format, arch):
+        return False
     wgmma = arch.backend == "cuda" and int(arch.cc) == 90
     return not (wgmma and kv_format == "fp8" and dtype == torch.bfloat16 and block_h >= 64)
 
