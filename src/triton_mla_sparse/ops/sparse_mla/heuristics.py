@@ -134,7 +134,7 @@ def tile_config(
     if wide:
         return KernelConfig(block_h, 32 if big_smem else 16, warps, 1)
     if folds_v4_scales(dtype, kv_format, arch) and block_h >= 64:
-        # H200, DeepSeek-V4 decode, 64 heads (Triton 3.8, PERFORMANCE.md log 25): folded 64-row
+        # H200, DeepSeek-V4 decode, 64 heads (Triton 3.8, PERFORMANCE.md log 26): folded 64-row
         # steps over two stages 52 / 83 us at 64 / 128 tokens against 67 / 111 in 32-row steps
         # (one stage 56 / 86).
         return KernelConfig(block_h, 64, warps, 2, stage_dequant=True)
@@ -222,7 +222,8 @@ def choose_config(
     limit = max_block_h(dtype, kv_format, arch)
     if folds_v4_scales(dtype, kv_format, arch) and num_tokens < SHORT_DECODE_TOKENS:
         # H200, DeepSeek-V4 decode, 1 token x 64 heads: 16-head blocks 8.1 us, 32-head 9.7,
-        # 64-head 13.7 (more programs share the gather); at 16 tokens all three are within 9%
+        # 64-head 13.7 (more programs share the gather); at 16 tokens the 64-head tile in
+        # 64-row steps is within 5% of the best (24.8 us against 23.6 for 32-head blocks)
         limit = min(limit, 16)
     block_h = block_h_for(num_heads, limit)
     num_hb = -(-num_heads // block_h)
@@ -239,8 +240,11 @@ def choose_config(
 def folds_v4_scales(dtype: torch.dtype, kv_format: str, arch: Arch) -> bool:
     """Whether the V4 record runs bf16 MMAs with its scales folded into the tile (exact: a
     power of two times an e4m3 value is a bf16 value), so that QK^T is one chain of dots. sm90
-    with bf16 q, where it was timed (H200, Triton 3.8, DeepSeek-V4 decode at 64 heads,
-    PERFORMANCE.md log 25)."""
+    with bf16 q, where it was timed (H200, DeepSeek-V4 decode at 64 heads, 1-128 tokens: with the
+    tiles choose_config gives it, 1.4-1.9x faster than fp16 MMAs in fp8_ds_mla's tiles;
+    PERFORMANCE.md log 26). P then enters the PV MMAs in bf16 rather
+    than fp16, as FlashMLA's does: the output's error against float64 goes from ~1e-3 to ~2e-3,
+    a bf16 output's own rounding."""
     wgmma = arch.backend == "cuda" and int(arch.cc) == 90
     return wgmma and kv_format == "fp8_ds_mla_v4" and dtype == torch.bfloat16
 
@@ -251,7 +255,8 @@ def fp16_mma_for(dtype: torch.dtype, kv_format: str, arch: Arch, block_h: int) -
     Not for the V4 record where its scales fold (folds_v4_scales). fp8_ds_mla keeps fp16 MMAs:
     folding its fp32 scales rounds every dequantized value to bf16 (as FlashMLA does), which was
     faster on the H200 (128 tokens x 64 heads: 263 us, 195 in 64-row steps, against 322) but
-    put the LSE of a 64-head call 0.016 from float64 where the fp16 MMAs stay within 0.01.
+    put the LSE 0.010-0.017 from float64 in 14 of the contract tests (8-128 heads), where the
+    fp16 MMAs stay within their 0.01 (docs/perf-log/20-gpu-check-fold-trial-h200.txt).
     Otherwise fp16 everywhere except per-tensor fp8 with bf16 q in 64-head tiles on sm90: there the bf16 ->
     fp16 conversion makes Triton hold q as a register-sourced wgmma operand ([64, 512] fp16 in
     registers), ptxas serialises the wgmmas and spills, and that variant returned non-finite
