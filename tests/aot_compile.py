@@ -11,7 +11,7 @@ job's target.
 Usage: ``python aot_compile.py JOBS.json RESULTS.json``. A job is a dict with keys ``arch``
 (``"cuda:90"`` / ``"hip:gfx942"``), ``dtype``, ``fmt``, ``block_h``, ``block_n``, ``num_warps``,
 ``num_stages``, ``split``, ``rope``, ``has_counts``, ``has_bt``, ``store_lse`` and optionally
-``stage_dequant``, ``idx_ahead``, ``fp16_mma``, ``e4m3_decode``, ``sink`` (an attention sink) and ``extra`` (a
+``stage_dequant``, ``idx_ahead``, ``fp16_mma``, ``e4m3_decode``, ``fp16_fold``, ``sink`` (an attention sink) and ``extra`` (a
 second index set in the same softmax: ``"flat"`` rows, ``"paged"`` pages of another size, or
 ``"bt"`` through its own block table; with counts when ``has_counts``); fmt ``fp8_ds_mla_v4``
 takes rope 0 (the V4 record is one 512-wide row in paged 584-byte records); an indexer job has ``op`` ``"indexer_paged"`` /
@@ -183,6 +183,8 @@ def _record(job: dict) -> list:
         flags["fp16_mma"] = job["fp16_mma"]
     if job.get("e4m3_decode"):
         flags["e4m3_decode"] = job["e4m3_decode"]
+    if job.get("fp16_fold"):
+        flags["fp16_fold"] = True
     cfg = KernelConfig(
         job["block_h"],
         job["block_n"],

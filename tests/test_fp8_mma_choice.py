@@ -94,30 +94,38 @@ def test_both_mma_variants_match_reference(fp16_mma, tokens, heads):
 
 
 WIDE_MMA_DTYPES = [pytest.param(dt, id=dtype_id(dt)) for dt in DTYPES if dt != torch.float16]
+FP16_MMA_DTYPES = [pytest.param(dt, id=dtype_id(dt)) for dt in DTYPES if dt != torch.float32]
 
 
-@pytest.mark.parametrize("dtype", WIDE_MMA_DTYPES)
-@pytest.mark.parametrize("native", [True, False], ids=["native", "intdecode"])
-@pytest.mark.parametrize("staged", [False, True], ids=["hoisted", "staged"])
-@pytest.mark.parametrize("splits", [1, 2])
-def test_fp8_ds_mla_mmas_in_q_dtype(dtype, native, staged, splits):
-    """fp8_ds_mla with MMAs in q's dtype (bf16 on a GPU, fp32 everywhere), where the kernel
-    multiplies each chunk's scale into the tile: chunks over six decades, a -1 run, a token
-    with nothing, split and not; against the float64 reference within q's tolerance."""
-    g = torch.Generator().manual_seed(501 + 2 * splits + native)
-    t, h, n, w = 3, 4, 96, 40
-    rows = torch.randn(n, 576, generator=g)
-    decades = (torch.rand(n, 4, generator=g) * 2 - 1) * 3
-    rows[:, :512] *= (10.0**decades).repeat_interleave(128, dim=1)
-    cache = pack_fp8_ds_mla(rows).to(DEVICE)
+def _check_folded_fp8_ds_mla(dtype, native, staged, splits, seed, **folding):
+    """fp8_ds_mla in a folded form (``folding``: the KernelConfig fields that ask for it):
+    chunks over six decades in both caches, a -1 run, a token with nothing in either set, a
+    sink, an extra index set, split and not; against the float64 reference within q's
+    tolerance, zeros where no index points."""
+    g = torch.Generator().manual_seed(seed)
+    t, h, n, w, xn, xw = 3, 4, 96, 40, 48, 24
+
+    def rows(count):
+        r = torch.randn(count, 576, generator=g)
+        decades = (torch.rand(count, 4, generator=g) * 2 - 1) * 3
+        r[:, :512] *= (10.0**decades).repeat_interleave(128, dim=1)
+        return pack_fp8_ds_mla(r).to(DEVICE)
+
+    cache, xcache = rows(n), rows(xn)
     idx = torch.stack([torch.randperm(n, generator=g)[:w] for _ in range(t)]).int()
     idx[0] = -1
     idx[1, 3:9] = -1
-    idx = idx.to(DEVICE)
+    xidx = torch.stack([torch.randperm(xn, generator=g)[:xw] for _ in range(t)]).int()
+    xidx[0] = -1
     q = (torch.randn(t, h, 576, generator=g) * 0.01).to(dtype).to(DEVICE)
-    kw = {"kv_format": "fp8_ds_mla"}
+    kw = dict(
+        kv_format="fp8_ds_mla",
+        extra_kv_cache=xcache,
+        extra_indices=xidx.to(DEVICE),
+        attn_sink=(torch.randn(h, generator=g) * 2.0).to(DEVICE),
+    )
     ref, ref_lse = sparse_mla_reference(
-        q, cache, idx, return_lse=True, compute_dtype=torch.float64, **kw
+        q, cache, idx.to(DEVICE), return_lse=True, compute_dtype=torch.float64, **kw
     )
     cfg = KernelConfig(
         16,
@@ -127,9 +135,66 @@ def test_fp8_ds_mla_mmas_in_q_dtype(dtype, native, staged, splits):
         num_splits=splits,
         fp8_native=native,
         stage_dequant=staged,
-        fp16_mma=False,
+        **folding,
     )
     out = poison_(torch.empty(t, h, 512, dtype=dtype, device=DEVICE))
-    _, lse = sparse_mla(q, cache, idx, return_lse=True, out=out, config=cfg, **kw)
+    _, lse = sparse_mla(q, cache, idx.to(DEVICE), return_lse=True, out=out, config=cfg, **kw)
     assert_matches(out, lse, ref, ref_lse, dtype)
     assert (out[0] == 0).all() and torch.isneginf(lse[0]).all()
+
+
+@pytest.mark.parametrize("dtype", WIDE_MMA_DTYPES)
+@pytest.mark.parametrize("native", [True, False], ids=["native", "intdecode"])
+@pytest.mark.parametrize("staged", [False, True], ids=["hoisted", "staged"])
+@pytest.mark.parametrize("splits", [1, 2])
+def test_fp8_ds_mla_mmas_in_q_dtype(dtype, native, staged, splits):
+    """fp8_ds_mla with MMAs in q's dtype (bf16 on a GPU, fp32 everywhere), where the kernel
+    multiplies each chunk's scale into the tile."""
+    _check_folded_fp8_ds_mla(
+        dtype, native, staged, splits, 501 + 2 * splits + native, fp16_mma=False
+    )
+
+
+@pytest.mark.parametrize("dtype", FP16_MMA_DTYPES)
+@pytest.mark.parametrize("native", [True, False], ids=["native", "intdecode"])
+@pytest.mark.parametrize("staged", [False, True], ids=["hoisted", "staged"])
+@pytest.mark.parametrize("splits", [1, 2])
+def test_fp8_ds_mla_fp16_fold(dtype, native, staged, splits):
+    """fp8_ds_mla with fp16 MMAs and the scales folded into the tile relative to each step's
+    largest scale (KernelConfig.fp16_fold; fp16 q everywhere, bf16 on a GPU)."""
+    _check_folded_fp8_ds_mla(
+        dtype, native, staged, splits, 601 + 2 * splits + native, fp16_fold=True
+    )
+
+
+@pytest.mark.parametrize(
+    "fmt,dtype,folding",
+    [
+        ("fp8", torch.float16, {}),
+        ("auto", torch.float16, {}),
+        ("fp8_ds_mla_v4", torch.float16, {}),
+        ("fp8_ds_mla", torch.float16, {"fp16_mma": False}),
+        ("fp8_ds_mla", torch.float32, {}),
+    ],
+    ids=["fp8", "auto", "v4", "qmma", "fp32"],
+)
+def test_fp16_fold_refused_where_it_does_not_apply(fmt, dtype, folding):
+    """fp16_fold is fp8_ds_mla's, with fp16 MMAs: elsewhere a ValueError naming it, before any
+    launch."""
+    from triton_mla_sparse.ops.sparse_mla.heuristics import TARGETS as targets
+    from triton_mla_sparse.ops.sparse_mla.plan import make_plan
+
+    cfg = KernelConfig(16, 32, 4, 1, fp16_fold=True, **folding)
+    with pytest.raises(ValueError, match="fp16_fold"):
+        make_plan(
+            num_tokens=2,
+            num_heads=16,
+            latent=512,
+            rope=64 if fmt != "fp8_ds_mla_v4" else 0,
+            width=64,
+            dtype=dtype,
+            kv_format=fmt,
+            arch=targets[0],
+            on_gpu=False,
+            config=cfg,
+        )

@@ -108,18 +108,22 @@ def test_v4_sweep_plans_on_the_path(tune, monkeypatch, cc):
 
 def test_ds_mma_sweep_plans_on_sm90(tune, monkeypatch):
     """fp8_ds_mla's MMA-dtype sweep on sm90: the folded form (MMAs in q's dtype) staged or not,
-    in 16-, 32- and 64-row steps; the fp16 form in 64-row steps with one and two stages."""
+    in 16-, 32- and 64-row steps; the fp16 form and the fp16 fold in 64-row steps with one and
+    two stages, the fp16 fold in 32-row steps too."""
     arch = next(a for a in TARGETS if a.backend == "cuda" and a.cc == 90)
     monkeypatch.setattr(tune, "arch_of", lambda device: arch)
     cases, configs = tune.SWEEPS["ds-mma"]
     for case in cases:
         cfgs = configs(case)
         assert len(set(cfgs)) == len(cfgs)
-        for fp16_mma in (True, False):
-            long = {(c.block_n, c.num_stages) for c in cfgs if c.fp16_mma is fp16_mma}
+        forms = {(False, False), (True, False), (True, True)}  # (fp16_mma, fp16_fold)
+        for form in forms:
+            long = {(c.block_n, c.num_stages) for c in cfgs if (c.fp16_mma, c.fp16_fold) == form}
             assert {(64, 1), (64, 2)} <= long
-        assert all(c.block_n == 64 for c in cfgs if c.fp16_mma)
+        assert all(c.block_n == 64 for c in cfgs if c.fp16_mma and not c.fp16_fold)
+        assert any(c.fp16_fold and c.block_n == 32 for c in cfgs)
         for cfg in cfgs:
             plan = plan_of(case, cfg, arch)
             assert plan.constexprs["STAGE"] is cfg.stage_dequant
             assert plan.constexprs["MMA_FP16"] is cfg.fp16_mma
+            assert plan.constexprs["FOLD_FP16"] is cfg.fp16_fold

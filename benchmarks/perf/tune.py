@@ -98,8 +98,10 @@ def v4_tiles(c: Case) -> list[KernelConfig]:
 def ds_mma_tiles(c: Case) -> list[KernelConfig]:
     """fp8_ds_mla's own tile with MMAs in q's dtype (the folded form): staged or not, 32- and
     16-row steps, and staged 64-row steps with one and two stages; the fp16 form (its default)
-    in the same 64-row steps (at 64 heads on sm90: 1973 instructions per 64-row pass with
-    1288 B of spills, against 1186 per 32-row pass with 208 B: perf-log 21)."""
+    and the fp16 MMAs with folded scales (KernelConfig.fp16_fold) in the same 64-row steps, the
+    latter in the default's 32-row steps too (64 heads on sm90, instructions per pass: fp16
+    1186 / 1973 in 32- / 64-row steps with 208 / 1288 B of spills, fp16 folded 1023 / 1514
+    with 0 / 8 B: perf-log 21)."""
     base = choose_config(
         c.tokens, c.heads, c.topk, c.dtype, c.kv_format, arch_of(torch.device("cuda"))
     )
@@ -109,11 +111,17 @@ def ds_mma_tiles(c: Case) -> list[KernelConfig]:
         for stage in (True, False)
         for bn in (32, 16)
     ]
-    return steps + [
-        dataclasses.replace(tile, stage_dequant=True, block_n=64, num_stages=stages)
-        for tile in (folded, dataclasses.replace(base, fp16_mma=True))
-        for stages in (1, 2)
-    ]
+    fp16 = dataclasses.replace(base, fp16_mma=True)
+    fp16_folded = dataclasses.replace(fp16, fp16_fold=True)
+    return (
+        steps
+        + [dataclasses.replace(fp16_folded, stage_dequant=True)]
+        + [
+            dataclasses.replace(tile, stage_dequant=True, block_n=64, num_stages=stages)
+            for tile in (folded, fp16, fp16_folded)
+            for stages in (1, 2)
+        ]
+    )
 
 
 def grid(block_h, block_n, warps, stages, splits, **extra):

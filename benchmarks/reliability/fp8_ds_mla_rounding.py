@@ -19,6 +19,11 @@ itself on an H200 inside vLLM (tools/vllm_e2e.py's layer check measured 1.66e-3 
 own tensors, docs/perf-log/12-vllm-e2e-fp8-h200.txt).
 
     python benchmarks/reliability/fp8_ds_mla_rounding.py [--tokens 64] [--heads 16] [--topk 2048]
+
+It also prints the LSE of the folded forms (kernels/ds_mla.py: the scales multiplied into the
+tile, rounded once to bf16 or to fp16) beside the unfolded fp16 operands, for latents of growing
+magnitude: the bf16 fold is what left the LSE outside the contract tests' 0.01 on an H200
+(docs/perf-log/20-gpu-check-fold-trial-h200.txt).
 """
 
 from __future__ import annotations
@@ -89,6 +94,44 @@ def fp16_operand_kernel(
     return o / p.sum(-1, keepdim=True)
 
 
+def lse_error(
+    q: torch.Tensor, k_nope: torch.Tensor, rope: torch.Tensor, ref: torch.Tensor
+) -> float:
+    """Largest |LSE - float64 LSE| of q against keys whose NoPE part is k_nope (as rounded)."""
+    k = torch.cat([k_nope.to(F64), rope.to(F64)], -1)
+    lse = torch.logsumexp(torch.einsum("thd,nd->thn", q.to(F64), k) * SOFTMAX_SCALE, -1)
+    return (lse - ref).abs().max().item()
+
+
+def folded_lse_rows(q: torch.Tensor, latent: torch.Tensor, rope: torch.Tensor) -> list[str]:
+    """The LSE of the folded forms (scales multiplied into the tile, one rounding of each
+    dequantized value to the MMA type) against the unfolded fp16 operands, for latents of
+    growing magnitude (logits grow with them; the contract tests' rows reach 3x a unit normal).
+    fp16 is folded relative to the largest scale (emulated with one step holding every key,
+    the widest range a step can have)."""
+    rows = []
+    for gain in (0.5, 1.0, 3.0):
+        e4m3, scale = quantize(latent * gain)
+        n = latent.shape[0]
+        exact = (e4m3 * scale[..., None]).view(n, LATENT)
+        ref = torch.logsumexp(
+            torch.einsum("thd,nd->thn", q.to(F64), torch.cat([exact.to(F64), rope.to(F64)], -1))
+            * SOFTMAX_SCALE,
+            -1,
+        )
+        ref_scale = scale.amax()
+        forms = {
+            "fp16 operands, fp32 scales (unfolded)": exact,
+            "folded, bf16": exact.bfloat16(),
+            "folded, fp16 (relative to largest)": (
+                (e4m3 * (scale / ref_scale)[..., None]).half().to(F64) * ref_scale.to(F64)
+            ).view(n, LATENT),
+        }
+        for name, k_nope in forms.items():
+            rows.append(f"latent x{gain:<4} {name:40} {lse_error(q, k_nope, rope, ref):.4f}")
+    return rows
+
+
 def compare(title: str, outs: dict[str, torch.Tensor], ref: torch.Tensor) -> list[str]:
     rows, b = [], {k: o.bfloat16() for k, o in outs.items()}
     for name, o in b.items():
@@ -140,6 +183,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     print(f"{'cache':11} {'path':40} relative error vs float64 (bf16 output)")
     print("\n".join(rows))
+    print(f"\n{'fp8_ds_mla':11} {'path':40} largest LSE error vs float64 (nats)")
+    print("\n".join(folded_lse_rows(q, latent / 0.5, rope)))
 
 
 if __name__ == "__main__":

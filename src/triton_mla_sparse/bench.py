@@ -90,8 +90,9 @@ def plan_label(plan: LaunchPlan) -> str:
     """What a call runs: :func:`config_label` of the plan's configuration as run (``k`` the
     split count actually used), then for e4m3 caches ``+int`` where the bytes are decoded with
     integer arithmetic (sm80/86, AMD), ``+pk`` / ``+pknm`` where that decode is packed
-    (KernelConfig.e4m3_decode "packed" / "packed-nomask") and ``+qmma`` where the MMAs take q's
-    dtype instead of fp16 (heuristics.fp16_mma_for)."""
+    (KernelConfig.e4m3_decode "packed" / "packed-nomask"), ``+qmma`` where the MMAs take q's
+    dtype instead of fp16 (heuristics.fp16_mma_for) and ``+f16fold`` where fp8_ds_mla's fp16
+    MMAs take the scales folded into the tile (KernelConfig.fp16_fold)."""
     # "-pdl" only where a merge runs without programmatic dependent launch
     pdl = None if plan.merge is None or plan.merge.pdl else False
     label = config_label(dataclasses.replace(plan.config, pdl=pdl))
@@ -101,6 +102,8 @@ def plan_label(plan: LaunchPlan) -> str:
             label += " +int" + PACKED_LABELS.get(plan.config.e4m3_decode, "")
         if not c["MMA_FP16"]:
             label += " +qmma"
+        if c.get("FOLD_FP16"):
+            label += " +f16fold"
     return label
 
 

@@ -68,6 +68,11 @@ class KernelConfig:
     # (NVIDIA only); "packed-nomask" also drops fp8_ds_mla's staging mask (the cast then feeds
     # the staged tile unmasked). None: the architecture's choice (e4m3_decode_for).
     e4m3_decode: str | None = None
+    # fp8_ds_mla with fp16 MMAs only: multiply the chunk scales into the tile relative to the
+    # step's largest scale, as the bf16/fp32 MMAs do (kernels/ds_mla.py): one fp16 rounding of
+    # each dequantized value instead of exact operands and scaled logits and P. Not chosen by
+    # any heuristic yet.
+    fp16_fold: bool = False
 
 
 # KernelConfig.e4m3_decode's values, and the form every path takes where no measurement chose
@@ -256,7 +261,8 @@ def fp16_mma_for(dtype: torch.dtype, kv_format: str, arch: Arch, block_h: int) -
     folding its fp32 scales rounds every dequantized value to bf16 (as FlashMLA does), which was
     faster on the H200 (128 tokens x 64 heads: 263 us, 195 in 64-row steps, against 322) but
     put the LSE 0.010-0.017 from float64 in 14 of the contract tests (8-128 heads), where the
-    fp16 MMAs stay within their 0.01 (docs/perf-log/20-gpu-check-fold-trial-h200.txt).
+    fp16 MMAs stay within their 0.01 (docs/perf-log/20-gpu-check-fold-trial-h200.txt); the fp16
+    MMAs with folded scales (KernelConfig.fp16_fold, PERFORMANCE.md log 27) are not timed yet.
     Otherwise fp16 everywhere except per-tensor fp8 with bf16 q in 64-head tiles on sm90: there the bf16 ->
     fp16 conversion makes Triton hold q as a register-sourced wgmma operand ([64, 512] fp16 in
     registers), ptxas serialises the wgmmas and spills, and that variant returned non-finite

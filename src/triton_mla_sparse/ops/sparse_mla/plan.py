@@ -122,6 +122,16 @@ def check_config(cfg: KernelConfig, kv_format: str, has_bt: bool) -> None:
             f"config {cfg} asks for stage_dequant=True, which applies to "
             f"kv_format='fp8_ds_mla' and 'fp8_ds_mla_v4' only (got kv_format={kv_format!r})"
         )
+    if cfg.fp16_fold and kv_format != "fp8_ds_mla":
+        raise ValueError(
+            f"config {cfg} asks for fp16_fold=True, which applies to kv_format='fp8_ds_mla' "
+            f"only (got kv_format={kv_format!r})"
+        )
+    if cfg.fp16_fold and cfg.fp16_mma is False:
+        raise ValueError(
+            f"config {cfg} asks for fp16_fold=True with fp16_mma=False: the fold in q's dtype "
+            "is what fp16_mma=False already runs; pass one of the two"
+        )
     decode = cfg.e4m3_decode
     if decode is not None and decode not in E4M3_DECODES:
         raise ValueError(
@@ -206,6 +216,11 @@ def make_plan(
         num_tokens, num_heads, total, dtype, kv_format, arch, block_table=has_bt
     )
     check_config(cfg, kv_format, has_bt)
+    if cfg.fp16_fold and dtype == torch.float32:
+        raise ValueError(
+            f"config {cfg} asks for fp16_fold=True with float32 q, whose MMAs are float32 (and "
+            "fold the scales already): pass fp16_fold=False"
+        )
     extra = None
     if has_extra:
         extra = ExtraPlan(
@@ -277,6 +292,7 @@ def make_plan(
         constexprs = dict(common, STAGE=cfg.stage_dequant)
         if family == DS_MLA:
             constexprs["E4M3_DECODE"] = E4M3_DECODE_CONSTEXPR[cfg.e4m3_decode]
+            constexprs["FOLD_FP16"] = cfg.fp16_fold
     merge = None
     if split:
         s_pad = 1 << (num_splits - 1).bit_length()

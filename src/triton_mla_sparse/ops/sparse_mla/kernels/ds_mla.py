@@ -5,11 +5,16 @@ Same program layout as the latent family (latent.py), but the latent tile is fou
 a chunk's scale multiplies its logits column-wise and is folded into P before its PV dot, so
 the e4m3 -> MMA-type conversion stays a plain elementwise cast on the operand (fp16 MMAs, exact).
 
-With bf16 or fp32 MMAs (FOLD) each chunk's scale multiplies its tile instead, in fp32, rounded
-once to the MMA type: QK^T is one chain of dots and every PV dot takes P as it is (fewer
-instructions per step: docs/perf-log/19-v4-mma-dtype-sass.txt). In bf16 that rounding is the
-dequantization FlashMLA does (8 significant bits, a bf16 cache's precision); in fp32 it is exact
-to fp32. fp16's range is too narrow for the products.
+With bf16 or fp32 MMAs, or fp16 ones where the launch asks for it (FOLD_FP16), each chunk's
+scale multiplies its tile instead (FOLD), in fp32, rounded once to the MMA type: QK^T is one
+chain of dots and every PV dot takes P as it is (fewer instructions per step:
+docs/perf-log/19-v4-mma-dtype-sass.txt). In bf16 that rounding is the dequantization FlashMLA
+does (8 significant bits, a bf16 cache's precision); in fp32 it is one fp32 rounding. fp16's
+range is too narrow for the products themselves, so FOLD_FP16 forms them relative to the step's
+largest scale (within +-448, 11 significant bits), scales the NoPE logits back by it once and
+keeps the accumulators in its units, as the unfolded form does; chunks over 2^14 times smaller
+than the step's largest lose bits to fp16's subnormals, as P times such a chunk's scale does in
+the unfolded form.
 """
 
 import triton
@@ -33,6 +38,17 @@ from .shared import (
 
 
 @triton.jit
+def _ds_scale(KV, o_row, m_n, G: tl.constexpr, L: tl.constexpr, FP8_NATIVE: tl.constexpr):
+    # chunk G's float32 scale per row [BLOCK_N] (0 where masked). The integer decode leaves a
+    # factor 2^(7-15) in the values, put back through the scale.
+    p_sc = (KV + o_row + L + 4 * G).to(tl.pointer_type(tl.float32))
+    b_sc = tl.load(p_sc, mask=m_n, other=0.0)
+    if not FP8_NATIVE:
+        b_sc = b_sc * 256.0
+    return b_sc
+
+
+@triton.jit
 def _ds_chunk(
     STAGE: tl.constexpr,
     KV,
@@ -44,22 +60,12 @@ def _ds_chunk(
     dtype: tl.constexpr,
     FP8_NATIVE: tl.constexpr,
     E4M3_DECODE: tl.constexpr,
-    FOLD: tl.constexpr,
 ):
     # chunk G of BLOCK_N rows: (e4m3 latent [BLOCK_N, C] cast to `dtype`, unscaled; its float32
-    # scale per row [BLOCK_N]). The integer decode leaves a factor 2^(7-15), put back through
-    # the scale.
+    # scale per row [BLOCK_N])
     o_c = tl.arange(0, C)
     b_k8 = tl.load(KV + o_row[:, None] + (G * C + o_c[None, :]), mask=m_n[:, None], other=0)
-    p_sc = (KV + o_row + L + 4 * G).to(tl.pointer_type(tl.float32))
-    b_sc = tl.load(p_sc, mask=m_n, other=0.0)
-    if not FP8_NATIVE:
-        b_sc = b_sc * 256.0
-    if FOLD:
-        # the tile comes out dequantized in `dtype` (one rounding of the fp32 product; callers
-        # ignore the scale); the masked scale is also the barrier that keeps the tile staged
-        b_f = _e4m3_to(b_k8, tl.float32, FP8_NATIVE, E4M3_DECODE)
-        return (b_f * tl.where(m_n, b_sc, 0.0)[:, None]).to(dtype), b_sc
+    b_sc = _ds_scale(KV, o_row, m_n, G, L, FP8_NATIVE)
     b_k = _e4m3_to(b_k8, dtype, FP8_NATIVE, E4M3_DECODE)
     if STAGE and not (E4M3_DECODE == E4M3_PACKED_NO_MASK and not FP8_NATIVE):
         # applying the row mask after the cast keeps Triton from hoisting the cast into each
@@ -72,6 +78,27 @@ def _ds_chunk(
         # cast through it. The packed decode's no-mask variant drops the barrier altogether.
         b_k = b_k * m_n[:, None].to(b_k.dtype)
     return b_k, b_sc
+
+
+@triton.jit
+def _ds_folded_chunk(
+    KV,
+    o_row,
+    m_n,
+    b_rel,
+    G: tl.constexpr,
+    C: tl.constexpr,
+    dtype: tl.constexpr,
+    FP8_NATIVE: tl.constexpr,
+    E4M3_DECODE: tl.constexpr,
+):
+    # chunk G of BLOCK_N rows dequantized in `dtype` relative to the step's reference scale:
+    # e4m3 x (scale / reference) per row (b_rel), formed in fp32, one rounding; the masked
+    # ratio is also the barrier that keeps the tile staged
+    o_c = tl.arange(0, C)
+    b_k8 = tl.load(KV + o_row[:, None] + (G * C + o_c[None, :]), mask=m_n[:, None], other=0)
+    b_f = _e4m3_to(b_k8, tl.float32, FP8_NATIVE, E4M3_DECODE)
+    return (b_f * tl.where(m_n, b_rel, 0.0)[:, None]).to(dtype)
 
 
 @triton.jit
@@ -117,30 +144,64 @@ def _ds_step(
     E4M3_DECODE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     FOLD: tl.constexpr,
+    FOLD_FP16: tl.constexpr,
 ):
     # one gather step of the extra set, and of the main set in the folded form (the fp16 form's
     # main-loop step is written out in the kernel, as measured) -> the updated accumulators,
     # running sum, running max and reference scale
-    b_k0, b_c0 = _ds_chunk(STAGE, KV, o_row, m_n, 0, C, L, dtype, FP8_NATIVE, E4M3_DECODE, FOLD)
-    b_k1, b_c1 = _ds_chunk(STAGE, KV, o_row, m_n, 1, C, L, dtype, FP8_NATIVE, E4M3_DECODE, FOLD)
-    b_k2, b_c2 = _ds_chunk(STAGE, KV, o_row, m_n, 2, C, L, dtype, FP8_NATIVE, E4M3_DECODE, FOLD)
-    b_k3, b_c3 = _ds_chunk(STAGE, KV, o_row, m_n, 3, C, L, dtype, FP8_NATIVE, E4M3_DECODE, FOLD)
     if FOLD:
-        # dequantized chunks: the logits as one accumulation chain
+        b_c0 = _ds_scale(KV, o_row, m_n, 0, L, FP8_NATIVE)
+        b_c1 = _ds_scale(KV, o_row, m_n, 1, L, FP8_NATIVE)
+        b_c2 = _ds_scale(KV, o_row, m_n, 2, L, FP8_NATIVE)
+        b_c3 = _ds_scale(KV, o_row, m_n, 3, L, FP8_NATIVE)
+        if FOLD_FP16:
+            # the step's largest scale first: the chunks are dequantized relative to it, the
+            # NoPE logits (one accumulation chain) scaled back by it once, and the accumulators
+            # kept in its units (b_ref, as in the unfolded form)
+            b_cmax = tl.maximum(
+                tl.maximum(tl.max(b_c0, 0), tl.max(b_c1, 0)),
+                tl.maximum(tl.max(b_c2, 0), tl.max(b_c3, 0)),
+            )
+            b_ref_new = tl.where(b_cmax > 0.0, b_cmax, 1.0)
+            b_inv_ref = 1.0 / b_ref_new
+        else:
+            # bf16 and fp32 hold the products as they are (fp32's exponent range)
+            b_ref_new = b_ref
+            b_inv_ref = 1.0
+        b_k0 = _ds_folded_chunk(
+            KV, o_row, m_n, b_c0 * b_inv_ref, 0, C, dtype, FP8_NATIVE, E4M3_DECODE
+        )
+        b_k1 = _ds_folded_chunk(
+            KV, o_row, m_n, b_c1 * b_inv_ref, 1, C, dtype, FP8_NATIVE, E4M3_DECODE
+        )
+        b_k2 = _ds_folded_chunk(
+            KV, o_row, m_n, b_c2 * b_inv_ref, 2, C, dtype, FP8_NATIVE, E4M3_DECODE
+        )
+        b_k3 = _ds_folded_chunk(
+            KV, o_row, m_n, b_c3 * b_inv_ref, 3, C, dtype, FP8_NATIVE, E4M3_DECODE
+        )
         b_s = tl.dot(b_q0, tl.trans(b_k0), input_precision=DOT_PRECISION)
         b_s = tl.dot(b_q1, tl.trans(b_k1), b_s, input_precision=DOT_PRECISION)
         b_s = tl.dot(b_q2, tl.trans(b_k2), b_s, input_precision=DOT_PRECISION)
         b_s = tl.dot(b_q3, tl.trans(b_k3), b_s, input_precision=DOT_PRECISION)
+        if FOLD_FP16:
+            b_s = b_s * b_ref_new
         if R > 0:
             b_kr = _ds_rope(KV, o_row, m_n, b_qr.dtype, L, R)
             b_s = tl.dot(b_qr, tl.trans(b_kr), b_s, input_precision=DOT_PRECISION)
         b_p, b_alpha, b_l, b_m = _softmax_step(b_s, m_n, qk_scale, b_m, b_l)
+        if FOLD_FP16:
+            b_alpha = b_alpha * (b_ref / b_ref_new)
         b_pd = b_p.to(dtype)
         b_a0 = tl.dot(b_pd, b_k0, b_a0 * b_alpha[:, None], input_precision=DOT_PRECISION)
         b_a1 = tl.dot(b_pd, b_k1, b_a1 * b_alpha[:, None], input_precision=DOT_PRECISION)
         b_a2 = tl.dot(b_pd, b_k2, b_a2 * b_alpha[:, None], input_precision=DOT_PRECISION)
         b_a3 = tl.dot(b_pd, b_k3, b_a3 * b_alpha[:, None], input_precision=DOT_PRECISION)
-        return b_a0, b_a1, b_a2, b_a3, b_l, b_m, b_ref
+        return b_a0, b_a1, b_a2, b_a3, b_l, b_m, b_ref_new
+    b_k0, b_c0 = _ds_chunk(STAGE, KV, o_row, m_n, 0, C, L, dtype, FP8_NATIVE, E4M3_DECODE)
+    b_k1, b_c1 = _ds_chunk(STAGE, KV, o_row, m_n, 1, C, L, dtype, FP8_NATIVE, E4M3_DECODE)
+    b_k2, b_c2 = _ds_chunk(STAGE, KV, o_row, m_n, 2, C, L, dtype, FP8_NATIVE, E4M3_DECODE)
+    b_k3, b_c3 = _ds_chunk(STAGE, KV, o_row, m_n, 3, C, L, dtype, FP8_NATIVE, E4M3_DECODE)
     b_s = tl.dot(b_q0, tl.trans(b_k0), input_precision=DOT_PRECISION) * b_c0[None, :]
     b_s += tl.dot(b_q1, tl.trans(b_k1), input_precision=DOT_PRECISION) * b_c1[None, :]
     b_s += tl.dot(b_q2, tl.trans(b_k2), input_precision=DOT_PRECISION) * b_c2[None, :]
@@ -232,6 +293,7 @@ def sparse_mla_ds_mla_fwd_kernel(
     BLOCK_N: tl.constexpr,
     FP8_NATIVE: tl.constexpr,
     MMA_FP16: tl.constexpr,
+    FOLD_FP16: tl.constexpr,  # fp16 MMAs with the scales folded into the tile (module doc)
     STAGE: tl.constexpr,  # convert each chunk once, staged through shared memory
     E4M3_DECODE: tl.constexpr,  # without hardware fp8: ops/e4m3.py's E4M3_* decode forms
     HAS_COUNTS: tl.constexpr,
@@ -257,8 +319,8 @@ def sparse_mla_ds_mla_fwd_kernel(
     else:
         dtype = Q_nope.dtype.element_ty
     LOG2E: tl.constexpr = 1.4426950408889634
-    # MMAs with fp32's exponent range take the scales inside the tiles
-    FOLD: tl.constexpr = dtype == tl.bfloat16 or dtype == tl.float32
+    # MMAs with fp32's exponent range take the scales inside the tiles; fp16 ones where asked
+    FOLD: tl.constexpr = dtype == tl.bfloat16 or dtype == tl.float32 or FOLD_FP16
 
     o_h, m_h, o_h64 = _head_offsets(i_hb, H, BLOCK_H)
     if R > 0:
@@ -334,20 +396,13 @@ def sparse_mla_ds_mla_fwd_kernel(
                 E4M3_DECODE,
                 DOT_PRECISION,
                 FOLD,
+                FOLD_FP16,
             )
         else:
-            b_k0, b_c0 = _ds_chunk(
-                STAGE, KV, o_row, m_n, 0, C, L, dtype, FP8_NATIVE, E4M3_DECODE, FOLD
-            )
-            b_k1, b_c1 = _ds_chunk(
-                STAGE, KV, o_row, m_n, 1, C, L, dtype, FP8_NATIVE, E4M3_DECODE, FOLD
-            )
-            b_k2, b_c2 = _ds_chunk(
-                STAGE, KV, o_row, m_n, 2, C, L, dtype, FP8_NATIVE, E4M3_DECODE, FOLD
-            )
-            b_k3, b_c3 = _ds_chunk(
-                STAGE, KV, o_row, m_n, 3, C, L, dtype, FP8_NATIVE, E4M3_DECODE, FOLD
-            )
+            b_k0, b_c0 = _ds_chunk(STAGE, KV, o_row, m_n, 0, C, L, dtype, FP8_NATIVE, E4M3_DECODE)
+            b_k1, b_c1 = _ds_chunk(STAGE, KV, o_row, m_n, 1, C, L, dtype, FP8_NATIVE, E4M3_DECODE)
+            b_k2, b_c2 = _ds_chunk(STAGE, KV, o_row, m_n, 2, C, L, dtype, FP8_NATIVE, E4M3_DECODE)
+            b_k3, b_c3 = _ds_chunk(STAGE, KV, o_row, m_n, 3, C, L, dtype, FP8_NATIVE, E4M3_DECODE)
             # [BLOCK_H, BLOCK_N] logits
             b_s = tl.dot(b_q0, tl.trans(b_k0), input_precision=DOT_PRECISION) * b_c0[None, :]
             b_s += tl.dot(b_q1, tl.trans(b_k1), input_precision=DOT_PRECISION) * b_c1[None, :]
@@ -428,6 +483,7 @@ def sparse_mla_ds_mla_fwd_kernel(
                 E4M3_DECODE,
                 DOT_PRECISION,
                 FOLD,
+                FOLD_FP16,
             )
 
     # normalise; an empty (t, split) gives zeros and LSE -inf
