@@ -245,11 +245,11 @@ def choose_config(
 def folds_v4_scales(dtype: torch.dtype, kv_format: str, arch: Arch) -> bool:
     """Whether the V4 record runs bf16 MMAs with its scales folded into the tile (exact: a
     power of two times an e4m3 value is a bf16 value), so that QK^T is one chain of dots. sm90
-    with bf16 q, where it was timed (H200, DeepSeek-V4 decode at 64 heads, 1-128 tokens: with the
-    tiles choose_config gives it, 1.4-1.9x faster than fp16 MMAs in fp8_ds_mla's tiles;
-    PERFORMANCE.md log 26). P then enters the PV MMAs in bf16 rather
-    than fp16, as FlashMLA's does: the output's error against float64 goes from ~1e-3 to ~2e-3,
-    a bf16 output's own rounding."""
+    with bf16 q, where it was timed (H200, DeepSeek-V4 decode at 64 heads, 1-128 tokens: with
+    the tiles choose_config gives it, 1.4-1.9x faster than fp16 MMAs in fp8_ds_mla's tiles;
+    PERFORMANCE.md log 26). P then enters the PV MMAs in bf16 rather than fp16, as FlashMLA's
+    does: the output's error against float64 goes from ~1e-3 to ~2e-3, a bf16 output's own
+    rounding."""
     wgmma = arch.backend == "cuda" and int(arch.cc) == 90
     return wgmma and kv_format == "fp8_ds_mla_v4" and dtype == torch.bfloat16
 
@@ -263,12 +263,12 @@ def fp16_mma_for(dtype: torch.dtype, kv_format: str, arch: Arch, block_h: int) -
     put the LSE 0.010-0.017 from float64 in 14 of the contract tests (8-128 heads), where the
     fp16 MMAs stay within their 0.01 (docs/perf-log/20-gpu-check-fold-trial-h200.txt); the fp16
     MMAs with folded scales (KernelConfig.fp16_fold, PERFORMANCE.md log 27) are not timed yet.
-    Otherwise fp16 everywhere except per-tensor fp8 with bf16 q in 64-head tiles on sm90: there the bf16 ->
-    fp16 conversion makes Triton hold q as a register-sourced wgmma operand ([64, 512] fp16 in
-    registers), ptxas serialises the wgmmas and spills, and that variant returned non-finite
-    partials for heads 16-63 under compute-sanitizer memcheck (docs/RELIABILITY.md). bf16 MMAs
-    keep q in shared memory and measured faster there too (H200: 128 tokens x 64 / 128 heads
-    266 -> 209 / 521 -> 407 us); 16-head tiles stay fp16 (bf16 MMAs 3-13% slower).
+    Otherwise fp16 everywhere except per-tensor fp8 with bf16 q in 64-head tiles on sm90: there
+    the bf16 -> fp16 conversion makes Triton hold q as a register-sourced wgmma operand ([64,
+    512] fp16 in registers), ptxas serialises the wgmmas and spills, and that variant returned
+    non-finite partials for heads 16-63 under compute-sanitizer memcheck (docs/RELIABILITY.md).
+    bf16 MMAs keep q in shared memory and measured faster there too (H200: 128 tokens x 64 /
+    128 heads 266 -> 209 / 521 -> 407 us); 16-head tiles stay fp16 (bf16 MMAs 3-13% slower).
     """
     if folds_v4_scales(dtype, kv_format, arch):
         return False
