@@ -172,15 +172,14 @@ def test_fp8_ds_mla_fp16_fold(dtype, native, staged, splits):
     [
         ("fp8", torch.float16, {}),
         ("auto", torch.float16, {}),
-        ("fp8_ds_mla_v4", torch.float16, {}),
         ("fp8_ds_mla", torch.float16, {"fp16_mma": False}),
         ("fp8_ds_mla", torch.float32, {}),
     ],
-    ids=["fp8", "auto", "v4", "qmma", "fp32"],
+    ids=["fp8", "auto", "qmma", "fp32"],
 )
 def test_fp16_fold_refused_where_it_does_not_apply(fmt, dtype, folding):
-    """fp16_fold is fp8_ds_mla's, with fp16 MMAs: elsewhere a ValueError naming it, before any
-    launch."""
+    """fp16_fold is the scaled formats', with fp16 MMAs: elsewhere a ValueError naming it,
+    before any launch."""
     from triton_mla_sparse.ops.sparse_mla.heuristics import TARGETS as targets
     from triton_mla_sparse.ops.sparse_mla.plan import make_plan
 

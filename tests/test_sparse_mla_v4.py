@@ -251,6 +251,55 @@ def test_mmas_in_q_dtype_on_wide_scales(dtype, native, staged, splits):
     assert (out[:, 2] == 0).all()
 
 
+FP16_MMA_DTYPES = [pytest.param(dt, id=dtype_id(dt)) for dt in DTYPES if dt != torch.float32]
+
+
+@pytest.mark.parametrize("dtype", FP16_MMA_DTYPES)
+@pytest.mark.parametrize("native", NATIVE)
+@pytest.mark.parametrize("staged", [False, True], ids=["hoisted", "staged"])
+@pytest.mark.parametrize("splits", [1, 2])
+def test_fp16_fold_on_wide_scales(dtype, native, staged, splits):
+    """fp16 MMAs with the scales folded relative to each step's largest (KernelConfig.fp16_fold;
+    fp16 q everywhere, bf16 on a GPU): groups over twelve decades (eight with fp16 q, whose
+    output holds up to 65504; a step's smallest groups still fall below fp16's normal range
+    relative to its largest), both caches, a sink, -1 runs; against the float64 reference
+    within q's tolerance, zeros where no index points."""
+    g = gen(461 + 2 * splits + native)
+    t, h = 6, 5
+    spread = 4.0 if dtype == torch.float16 else 6.0
+    s = swa_and_compressed(t, g)
+    (idx, cnt, page, n), (xidx, xcnt, xpage, xn) = s["main"], s["extra"]
+    cache = v4_cache(v4_rows(n, g, spread), page, used_slots(n, idx, valid_counts=cnt))
+    xcache = v4_cache(v4_rows(xn, g, spread), xpage, used_slots(xn, xidx, valid_counts=xcnt))
+    q = (torch.randn(t, h, DS_V4_WIDTH, generator=g) * 3e-5).to(dtype).to(DEVICE)
+    kw = dict(
+        valid_counts=cnt,
+        extra_kv_cache=xcache,
+        extra_indices=xidx,
+        extra_valid_counts=xcnt,
+        attn_sink=sinks(h, g),
+        **FMT,
+    )
+    ref_out, ref_lse = sparse_mla_reference(
+        q, cache, idx, return_lse=True, compute_dtype=torch.float64, **kw
+    )
+    cfg = KernelConfig(
+        16,
+        16,
+        4,
+        2 if staged else 1,
+        num_splits=splits,
+        fp8_native=native,
+        stage_dequant=staged,
+        fp16_fold=True,
+    )
+    out = poison_(torch.empty(t, h, DS_V4_WIDTH, dtype=dtype, device=DEVICE))
+    _, lse = sparse_mla(q, cache, idx, return_lse=True, out=out, config=cfg, **kw)
+    assert_matches(out, lse, ref_out, ref_lse, dtype)
+    assert (out[0] == 0).all() and torch.isneginf(lse[0]).all()
+    assert (out[:, 2] == 0).all()
+
+
 def test_fp16_tolerance_holds_on_wide_scales():
     """Groups over ten decades in one gather step: the fp16 MMA path (P times scale over the
     step's largest scale) stays within fp16's tolerance of the float64 reference."""

@@ -71,7 +71,7 @@ def test_stage_sweep_plans_on_the_path(tune, monkeypatch, cc):
 def test_v4_sweep_plans_on_the_path(tune, monkeypatch, cc):
     """Every DeepSeek-V4 tile swept is a plan the kernels run on that path: head blocks within
     the path's limit, the heuristic's own tile among them, both staging forms where it stages,
-    both MMA forms."""
+    both MMA forms and the fp16 fold in every head block."""
     from triton_mla_sparse.ops.sparse_mla.heuristics import choose_config, max_block_h
 
     arch = next(a for a in TARGETS if a.backend == "cuda" and a.cc == cc)
@@ -85,6 +85,7 @@ def test_v4_sweep_plans_on_the_path(tune, monkeypatch, cc):
         assert len(set(cfgs)) == len(cfgs)
         assert {c.fp16_mma for c in cfgs} == {True, False}
         blocks = {c.block_h for c in cfgs}
+        assert {c.block_h for c in cfgs if c.fp16_fold} == blocks
         assert max(blocks) <= max_block_h(case.dtype, case.kv_format, arch) and 16 in blocks
         assert any(c.block_h == default.block_h and c.num_warps == default.num_warps for c in cfgs)
         assert any(c.stage_dequant for c in cfgs) == default.stage_dequant
@@ -104,6 +105,7 @@ def test_v4_sweep_plans_on_the_path(tune, monkeypatch, cc):
             )
             assert plan.constexprs["STAGE"] is cfg.stage_dequant
             assert plan.constexprs["MMA_FP16"] is cfg.fp16_mma
+            assert plan.constexprs["FOLD_FP16"] is cfg.fp16_fold
 
 
 def test_ds_mma_sweep_plans_on_sm90(tune, monkeypatch):

@@ -91,8 +91,8 @@ def plan_label(plan: LaunchPlan) -> str:
     split count actually used), then for e4m3 caches ``+int`` where the bytes are decoded with
     integer arithmetic (sm80/86, AMD), ``+pk`` / ``+pknm`` where that decode is packed
     (KernelConfig.e4m3_decode "packed" / "packed-nomask"), ``+qmma`` where the MMAs take q's
-    dtype instead of fp16 (heuristics.fp16_mma_for) and ``+f16fold`` where fp8_ds_mla's fp16
-    MMAs take the scales folded into the tile (KernelConfig.fp16_fold)."""
+    dtype instead of fp16 (heuristics.fp16_mma_for) and ``+f16fold`` where the scaled formats'
+    fp16 MMAs take the scales folded into the tile (KernelConfig.fp16_fold)."""
     # "-pdl" only where a merge runs without programmatic dependent launch
     pdl = None if plan.merge is None or plan.merge.pdl else False
     label = config_label(dataclasses.replace(plan.config, pdl=pdl))

@@ -68,10 +68,11 @@ class KernelConfig:
     # (NVIDIA only); "packed-nomask" also drops fp8_ds_mla's staging mask (the cast then feeds
     # the staged tile unmasked). None: the architecture's choice (e4m3_decode_for).
     e4m3_decode: str | None = None
-    # fp8_ds_mla with fp16 MMAs only: multiply the chunk scales into the tile relative to the
-    # step's largest scale, as the bf16/fp32 MMAs do (kernels/ds_mla.py): one fp16 rounding of
-    # each dequantized value instead of exact operands and scaled logits and P. Not chosen by
-    # any heuristic yet.
+    # fp8_ds_mla and the V4 record with fp16 MMAs: multiply the chunk scales into the tile
+    # relative to the step's largest scale, as the bf16/fp32 MMAs do (kernels/ds_mla.py,
+    # kernels/ds_mla_v4.py): for fp8_ds_mla one fp16 rounding of each dequantized value, for
+    # the V4 record exact (powers of two), instead of exact operands and scaled logits and P.
+    # Not chosen by any heuristic yet.
     fp16_fold: bool = False
 
 

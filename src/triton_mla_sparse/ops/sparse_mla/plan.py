@@ -18,6 +18,7 @@ from ..target import Arch
 from .heuristics import (
     E4M3_DECODE_DEFAULT,
     E4M3_DECODES,
+    SCALED_CHUNK_FORMATS,
     KernelConfig,
     choose_config,
     e4m3_decode_for,
@@ -122,10 +123,10 @@ def check_config(cfg: KernelConfig, kv_format: str, has_bt: bool) -> None:
             f"config {cfg} asks for stage_dequant=True, which applies to "
             f"kv_format='fp8_ds_mla' and 'fp8_ds_mla_v4' only (got kv_format={kv_format!r})"
         )
-    if cfg.fp16_fold and kv_format != "fp8_ds_mla":
+    if cfg.fp16_fold and kv_format not in SCALED_CHUNK_FORMATS:
         raise ValueError(
             f"config {cfg} asks for fp16_fold=True, which applies to kv_format='fp8_ds_mla' "
-            f"only (got kv_format={kv_format!r})"
+            f"and 'fp8_ds_mla_v4' only (got kv_format={kv_format!r})"
         )
     if cfg.fp16_fold and cfg.fp16_mma is False:
         raise ValueError(
@@ -233,7 +234,8 @@ def make_plan(
     split = num_splits > 1
     fp16_mma = cfg.fp16_mma
     if fp16_mma is None:
-        fp16_mma = fp16_mma_for(dtype, kv_format, arch, cfg.block_h)
+        # the fp16 fold is a form of the fp16 MMAs
+        fp16_mma = cfg.fp16_fold or fp16_mma_for(dtype, kv_format, arch, cfg.block_h)
     fp8_native = arch.fp8_native if cfg.fp8_native is None else cfg.fp8_native
     # programmatic dependent launch only links the split pass to its merge; never under the
     # interpreter, where griddepcontrol has no meaning
@@ -289,10 +291,9 @@ def make_plan(
             IDX_AHEAD=cfg.idx_ahead,
         )
     else:
-        constexprs = dict(common, STAGE=cfg.stage_dequant)
+        constexprs = dict(common, STAGE=cfg.stage_dequant, FOLD_FP16=cfg.fp16_fold)
         if family == DS_MLA:
             constexprs["E4M3_DECODE"] = E4M3_DECODE_CONSTEXPR[cfg.e4m3_decode]
-            constexprs["FOLD_FP16"] = cfg.fp16_fold
     merge = None
     if split:
         s_pad = 1 << (num_splits - 1).bit_length()

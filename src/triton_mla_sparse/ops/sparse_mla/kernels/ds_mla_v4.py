@@ -14,7 +14,12 @@ With bf16 or fp32 MMAs the scales fold into the tile instead (FOLD): a ue8m0 sca
 two, so an e4m3 value times its scale is exact in either type (both have fp32's exponent range);
 each chunk is dequantized once, QK^T is one chain of dots over the whole row and every PV dot
 takes P as it is. fp16 MMAs keep the scales outside the tile: fp16's range is too narrow for the
-products (past 65504, or below its subnormals).
+products (past 65504, or below its subnormals). Where the launch asks for it (FOLD_FP16), fp16
+MMAs fold them relative to the step's largest scale instead: each chunk's ratio to it is a power
+of two of at most 1 (times the integer decode's 2^8), so one fp16 multiply per two values
+dequantizes the tile exactly (chunks over 2^14 times smaller than the step's largest lose bits
+to fp16's subnormals, as P times such a chunk's scale does in the unfolded form); the NoPE logits
+are scaled back by the reference once and the NoPE accumulators kept in its units.
 """
 
 import triton
@@ -94,6 +99,22 @@ def _v4_chunk(
 
 
 @triton.jit
+def _v4_scale(KV, o_scale, m_n, G: tl.constexpr):
+    # chunk G's scale 2^(byte - 127) per row [BLOCK_N], float32 from its bits (0 where masked)
+    b_e = tl.load(KV + o_scale + G, mask=m_n, other=0)
+    return (b_e.to(tl.int32) << FP32_MANTISSA_BITS).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _v4_fp16_folded_chunk(KV, o_data, m_n, b_rel, G: tl.constexpr, FP8_NATIVE: tl.constexpr):
+    # NoPE chunk G of BLOCK_N rows as fp16, times its ratio to the step's reference scale
+    # (b_rel, fp16 powers of two, 0 where masked): exact, and the barrier that keeps it staged
+    o_c = tl.arange(0, V4_GROUP)
+    b_k8 = tl.load(KV + o_data[:, None] + (G * V4_GROUP + o_c[None, :]), mask=m_n[:, None], other=0)
+    return _e4m3_to(b_k8, tl.float16, FP8_NATIVE) * b_rel[:, None]
+
+
+@triton.jit
 def _v4_rope(KV, o_data, m_n, dtype: tl.constexpr):
     # the bf16 RoPE values after the NoPE bytes -> [BLOCK_N, 64] in `dtype`
     o_r = tl.arange(0, V4_ROPE)
@@ -140,8 +161,75 @@ def _v4_step(
     FP8_NATIVE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     FOLD: tl.constexpr,
+    FOLD_FP16: tl.constexpr,
 ):
     # one gather step: logits of BLOCK_N rows, the online softmax, the eight PV dots
+    if FOLD_FP16:
+        b_c0 = _v4_scale(KV, o_scale, m_n, 0)
+        b_c1 = _v4_scale(KV, o_scale, m_n, 1)
+        b_c2 = _v4_scale(KV, o_scale, m_n, 2)
+        b_c3 = _v4_scale(KV, o_scale, m_n, 3)
+        b_c4 = _v4_scale(KV, o_scale, m_n, 4)
+        b_c5 = _v4_scale(KV, o_scale, m_n, 5)
+        b_c6 = _v4_scale(KV, o_scale, m_n, 6)
+        b_cmax = tl.maximum(
+            tl.maximum(tl.maximum(tl.max(b_c0, 0), tl.max(b_c1, 0)), tl.max(b_c2, 0)),
+            tl.maximum(
+                tl.maximum(tl.max(b_c3, 0), tl.max(b_c4, 0)),
+                tl.maximum(tl.max(b_c5, 0), tl.max(b_c6, 0)),
+            ),
+        )
+        b_ref_new = tl.where(b_cmax > 0.0, b_cmax, 1.0)
+        # each chunk's ratio to the reference (a power of two), with the integer decode's 2^8
+        b_inv_ref = 1.0 / b_ref_new
+        if not FP8_NATIVE:
+            b_inv_ref = b_inv_ref * INT_DECODE_FACTOR
+        b_k0 = _v4_fp16_folded_chunk(
+            KV, o_data, m_n, (b_c0 * b_inv_ref).to(tl.float16), 0, FP8_NATIVE
+        )
+        b_k1 = _v4_fp16_folded_chunk(
+            KV, o_data, m_n, (b_c1 * b_inv_ref).to(tl.float16), 1, FP8_NATIVE
+        )
+        b_k2 = _v4_fp16_folded_chunk(
+            KV, o_data, m_n, (b_c2 * b_inv_ref).to(tl.float16), 2, FP8_NATIVE
+        )
+        b_k3 = _v4_fp16_folded_chunk(
+            KV, o_data, m_n, (b_c3 * b_inv_ref).to(tl.float16), 3, FP8_NATIVE
+        )
+        b_k4 = _v4_fp16_folded_chunk(
+            KV, o_data, m_n, (b_c4 * b_inv_ref).to(tl.float16), 4, FP8_NATIVE
+        )
+        b_k5 = _v4_fp16_folded_chunk(
+            KV, o_data, m_n, (b_c5 * b_inv_ref).to(tl.float16), 5, FP8_NATIVE
+        )
+        b_k6 = _v4_fp16_folded_chunk(
+            KV, o_data, m_n, (b_c6 * b_inv_ref).to(tl.float16), 6, FP8_NATIVE
+        )
+        b_s = tl.dot(b_q0, tl.trans(b_k0), input_precision=DOT_PRECISION)
+        b_s = tl.dot(b_q1, tl.trans(b_k1), b_s, input_precision=DOT_PRECISION)
+        b_s = tl.dot(b_q2, tl.trans(b_k2), b_s, input_precision=DOT_PRECISION)
+        b_s = tl.dot(b_q3, tl.trans(b_k3), b_s, input_precision=DOT_PRECISION)
+        b_s = tl.dot(b_q4, tl.trans(b_k4), b_s, input_precision=DOT_PRECISION)
+        b_s = tl.dot(b_q5, tl.trans(b_k5), b_s, input_precision=DOT_PRECISION)
+        b_s = tl.dot(b_q6, tl.trans(b_k6), b_s, input_precision=DOT_PRECISION)
+        b_s = b_s * b_ref_new
+        b_kr = _v4_rope(KV, o_data, m_n, b_qr.dtype)
+        b_s = tl.dot(b_qr, tl.trans(b_kr), b_s, input_precision=DOT_PRECISION)
+        b_p, b_alpha, b_l, b_m = _softmax_step(b_s, m_n, qk_scale, b_m, b_l)
+        # the RoPE accumulator in plain units, the NoPE ones in units of the reference
+        b_ar = tl.dot(
+            b_p.to(b_qr.dtype), b_kr, b_ar * b_alpha[:, None], input_precision=DOT_PRECISION
+        )
+        b_alpha = b_alpha * (b_ref / b_ref_new)
+        b_pd = b_p.to(tl.float16)
+        b_a0 = tl.dot(b_pd, b_k0, b_a0 * b_alpha[:, None], input_precision=DOT_PRECISION)
+        b_a1 = tl.dot(b_pd, b_k1, b_a1 * b_alpha[:, None], input_precision=DOT_PRECISION)
+        b_a2 = tl.dot(b_pd, b_k2, b_a2 * b_alpha[:, None], input_precision=DOT_PRECISION)
+        b_a3 = tl.dot(b_pd, b_k3, b_a3 * b_alpha[:, None], input_precision=DOT_PRECISION)
+        b_a4 = tl.dot(b_pd, b_k4, b_a4 * b_alpha[:, None], input_precision=DOT_PRECISION)
+        b_a5 = tl.dot(b_pd, b_k5, b_a5 * b_alpha[:, None], input_precision=DOT_PRECISION)
+        b_a6 = tl.dot(b_pd, b_k6, b_a6 * b_alpha[:, None], input_precision=DOT_PRECISION)
+        return b_a0, b_a1, b_a2, b_a3, b_a4, b_a5, b_a6, b_ar, b_l, b_m, b_ref_new
     b_k0, b_c0 = _v4_chunk(STAGE, KV, o_data, o_scale, m_n, 0, dtype, FP8_NATIVE, FOLD)
     b_k1, b_c1 = _v4_chunk(STAGE, KV, o_data, o_scale, m_n, 1, dtype, FP8_NATIVE, FOLD)
     b_k2, b_c2 = _v4_chunk(STAGE, KV, o_data, o_scale, m_n, 2, dtype, FP8_NATIVE, FOLD)
@@ -275,6 +363,7 @@ def sparse_mla_ds_mla_v4_fwd_kernel(
     BLOCK_N: tl.constexpr,
     FP8_NATIVE: tl.constexpr,
     MMA_FP16: tl.constexpr,
+    FOLD_FP16: tl.constexpr,  # fp16 MMAs with the scales folded (module docstring)
     STAGE: tl.constexpr,
     HAS_COUNTS: tl.constexpr,
     HAS_BT: tl.constexpr,
@@ -379,6 +468,7 @@ def sparse_mla_ds_mla_v4_fwd_kernel(
             FP8_NATIVE,
             DOT_PRECISION,
             FOLD,
+            FOLD_FP16,
         )
     if HAS_EXTRA:
         # the extra set's part of this split, continuing the same softmax (latent.py)
@@ -442,6 +532,7 @@ def sparse_mla_ds_mla_v4_fwd_kernel(
                 FP8_NATIVE,
                 DOT_PRECISION,
                 FOLD,
+                FOLD_FP16,
             )
 
     # normalise; an empty (t, split) gives zeros and LSE -inf
@@ -453,7 +544,7 @@ def sparse_mla_ds_mla_v4_fwd_kernel(
         b_nonempty, (b_m + tl.log2(tl.where(b_nonempty, b_l, 1.0))) / LOG2E, float("-inf")
     )
     b_inv_nope = b_inv * b_ref
-    if not FP8_NATIVE and not FOLD:  # (folded tiles took it)
+    if not FP8_NATIVE and not (FOLD or FOLD_FP16):  # (folded tiles took it)
         b_inv_nope = b_inv_nope * INT_DECODE_FACTOR
     b_inv_nope = b_inv_nope[:, None]
     p_o, s_o = _out_rows(
