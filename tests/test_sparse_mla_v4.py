@@ -201,72 +201,16 @@ def test_block_table_layers_and_staging(native, staged):
         assert_matches(out, lse, ref_out, ref_lse, torch.float16)
 
 
-WIDE_MMA_DTYPES = [pytest.param(dt, id=dtype_id(dt)) for dt in DTYPES if dt != torch.float16]
-
-
-@pytest.mark.parametrize("dtype", WIDE_MMA_DTYPES)
-@pytest.mark.parametrize("native", NATIVE)
-@pytest.mark.parametrize("staged", [False, True], ids=["hoisted", "staged"])
-@pytest.mark.parametrize("splits", [1, 2])
-def test_mmas_in_q_dtype_on_wide_scales(dtype, native, staged, splits):
-    """bf16 / fp32 q with MMAs in q's dtype rather than fp16 (the scales folded into the
-    tile): groups over twelve decades (scales 2^-22 .. 2^21), both caches, a sink, -1 runs;
-    against the float64 reference within q's tolerance, zeros where no index points. q is
-    small enough that the logits stay at a few tens of nats, as attention's do: a split's
-    fp32 LSE carries a rounding of |LSE| x 2^-24, which the merge turns into relative output
-    error (up to ~1e-4 at |LSE| ~ 900; an H200 measured 1.7e-5 there, past fp32's 1e-5 check
-    however exactly the rest of the kernel computes)."""
-    g = gen(441 + 2 * splits + native)
+def _check_folded_on_wide_scales(dtype, native, staged, splits, seed, spread, **folding):
+    """One folded form (``folding``: the KernelConfig fields asking for it) on groups spread
+    over 2 x ``spread`` decades (v4_rows), both caches, a sink, -1 runs; against the float64
+    reference within q's tolerance, zeros where no index points. q is small enough that the
+    logits stay at a few tens of nats, as attention's do: a split's fp32 LSE carries a rounding
+    of |LSE| x 2^-24, which the merge turns into relative output error (up to ~1e-4 at |LSE| ~
+    900; an H200 measured 1.7e-5 there, past fp32's 1e-5 check however exactly the rest of
+    the kernel computes)."""
+    g = gen(seed)
     t, h = 6, 5
-    s = swa_and_compressed(t, g)
-    (idx, cnt, page, n), (xidx, xcnt, xpage, xn) = s["main"], s["extra"]
-    cache = v4_cache(v4_rows(n, g, 6.0), page, used_slots(n, idx, valid_counts=cnt))
-    xcache = v4_cache(v4_rows(xn, g, 6.0), xpage, used_slots(xn, xidx, valid_counts=xcnt))
-    q = (torch.randn(t, h, DS_V4_WIDTH, generator=g) * 3e-5).to(dtype).to(DEVICE)
-    kw = dict(
-        valid_counts=cnt,
-        extra_kv_cache=xcache,
-        extra_indices=xidx,
-        extra_valid_counts=xcnt,
-        attn_sink=sinks(h, g),
-        **FMT,
-    )
-    ref_out, ref_lse = sparse_mla_reference(
-        q, cache, idx, return_lse=True, compute_dtype=torch.float64, **kw
-    )
-    cfg = KernelConfig(
-        16,
-        16,
-        4,
-        2 if staged else 1,
-        num_splits=splits,
-        fp8_native=native,
-        stage_dequant=staged,
-        fp16_mma=False,
-    )
-    out = poison_(torch.empty(t, h, DS_V4_WIDTH, dtype=dtype, device=DEVICE))
-    _, lse = sparse_mla(q, cache, idx, return_lse=True, out=out, config=cfg, **kw)
-    assert_matches(out, lse, ref_out, ref_lse, dtype)
-    assert (out[0] == 0).all() and torch.isneginf(lse[0]).all()
-    assert (out[:, 2] == 0).all()
-
-
-FP16_MMA_DTYPES = [pytest.param(dt, id=dtype_id(dt)) for dt in DTYPES if dt != torch.float32]
-
-
-@pytest.mark.parametrize("dtype", FP16_MMA_DTYPES)
-@pytest.mark.parametrize("native", NATIVE)
-@pytest.mark.parametrize("staged", [False, True], ids=["hoisted", "staged"])
-@pytest.mark.parametrize("splits", [1, 2])
-def test_fp16_fold_on_wide_scales(dtype, native, staged, splits):
-    """fp16 MMAs with the scales folded relative to each step's largest (KernelConfig.fp16_fold;
-    fp16 q everywhere, bf16 on a GPU): groups over twelve decades (eight with fp16 q, whose
-    output holds up to 65504; a step's smallest groups still fall below fp16's normal range
-    relative to its largest), both caches, a sink, -1 runs; against the float64 reference
-    within q's tolerance, zeros where no index points."""
-    g = gen(461 + 2 * splits + native)
-    t, h = 6, 5
-    spread = 4.0 if dtype == torch.float16 else 6.0
     s = swa_and_compressed(t, g)
     (idx, cnt, page, n), (xidx, xcnt, xpage, xn) = s["main"], s["extra"]
     cache = v4_cache(v4_rows(n, g, spread), page, used_slots(n, idx, valid_counts=cnt))
@@ -291,13 +235,44 @@ def test_fp16_fold_on_wide_scales(dtype, native, staged, splits):
         num_splits=splits,
         fp8_native=native,
         stage_dequant=staged,
-        fp16_fold=True,
+        **folding,
     )
     out = poison_(torch.empty(t, h, DS_V4_WIDTH, dtype=dtype, device=DEVICE))
     _, lse = sparse_mla(q, cache, idx, return_lse=True, out=out, config=cfg, **kw)
     assert_matches(out, lse, ref_out, ref_lse, dtype)
     assert (out[0] == 0).all() and torch.isneginf(lse[0]).all()
     assert (out[:, 2] == 0).all()
+
+
+WIDE_MMA_DTYPES = [pytest.param(dt, id=dtype_id(dt)) for dt in DTYPES if dt != torch.float16]
+FP16_MMA_DTYPES = [pytest.param(dt, id=dtype_id(dt)) for dt in DTYPES if dt != torch.float32]
+
+
+@pytest.mark.parametrize("dtype", WIDE_MMA_DTYPES)
+@pytest.mark.parametrize("native", NATIVE)
+@pytest.mark.parametrize("staged", [False, True], ids=["hoisted", "staged"])
+@pytest.mark.parametrize("splits", [1, 2])
+def test_mmas_in_q_dtype_on_wide_scales(dtype, native, staged, splits):
+    """bf16 / fp32 q with MMAs in q's dtype rather than fp16 (the scales folded into the
+    tile): groups over twelve decades (scales 2^-22 .. 2^21)."""
+    _check_folded_on_wide_scales(
+        dtype, native, staged, splits, 441 + 2 * splits + native, 6.0, fp16_mma=False
+    )
+
+
+@pytest.mark.parametrize("dtype", FP16_MMA_DTYPES)
+@pytest.mark.parametrize("native", NATIVE)
+@pytest.mark.parametrize("staged", [False, True], ids=["hoisted", "staged"])
+@pytest.mark.parametrize("splits", [1, 2])
+def test_fp16_fold_on_wide_scales(dtype, native, staged, splits):
+    """fp16 MMAs with the scales folded relative to each step's largest (KernelConfig.fp16_fold;
+    fp16 q everywhere, bf16 on a GPU): groups over twelve decades (eight with fp16 q, whose
+    output holds up to 65504; a step's smallest groups still fall below fp16's normal range
+    relative to its largest)."""
+    spread = 4.0 if dtype == torch.float16 else 6.0
+    _check_folded_on_wide_scales(
+        dtype, native, staged, splits, 461 + 2 * splits + native, spread, fp16_fold=True
+    )
 
 
 def test_fp16_tolerance_holds_on_wide_scales():

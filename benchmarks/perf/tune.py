@@ -63,7 +63,7 @@ def v4_tiles(c: Case) -> list[KernelConfig]:
     every head block the path compiles (its max_block_h), 4 or 8 warps, the split count the
     heuristic would give that block, staged or not, with fp16 MMAs (scaled chunks) and with
     MMAs in q's dtype (the folded form), and with fp16 MMAs and folded scales
-    (KernelConfig.fp16_fold: 6-22% fewer instructions per pass than the other forms on sm80,
+    (KernelConfig.fp16_fold: 6-21% fewer instructions per pass than the other forms on sm80,
     sm89 and sm90, perf-log 22); the 64-head folded tiles also in 64-row steps (the bf16 fold
     with one and two stages, the fp16 fold with two). The heuristic's own tile is the sweep's
     first row (tune's default)."""

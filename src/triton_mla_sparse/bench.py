@@ -152,10 +152,11 @@ def run_case(
     inp, ref = prepared or prepare(case, device, seed)
     kw = dict(inp.kwargs)
     # config None: the plan's own choice, as a caller of sparse_mla gets it
-    cfg = config
     out = torch.full((case.tokens, case.heads, 512), float("nan"), dtype=case.dtype, device=device)
-    plan = sparse_mla_plan(inp.q, inp.kv_cache, inp.indices, inp.scale, out=out, config=cfg, **kw)
-    sparse_mla(inp.q, inp.kv_cache, inp.indices, inp.scale, out=out, config=cfg, **kw)
+    plan = sparse_mla_plan(
+        inp.q, inp.kv_cache, inp.indices, inp.scale, out=out, config=config, **kw
+    )
+    sparse_mla(inp.q, inp.kv_cache, inp.indices, inp.scale, out=out, config=config, **kw)
     ref_fn = lambda: sparse_mla_reference(inp.q, inp.kv_cache, inp.indices, inp.scale, **kw)  # noqa: E731
     check = compare_sparse_mla(out, ref, rows=check_rows(case))
     res = Result(
@@ -171,7 +172,9 @@ def run_case(
     )
     if not (time_it and res.passed and device.type == "cuda"):
         return res
-    fn = lambda: sparse_mla(inp.q, inp.kv_cache, inp.indices, inp.scale, out=out, config=cfg, **kw)  # noqa: E731
+    fn = lambda: sparse_mla(
+        inp.q, inp.kv_cache, inp.indices, inp.scale, out=out, config=config, **kw
+    )  # noqa: E731
     res.us = time_graph(fn) if case.decode else time_events(fn)
     nbytes, flops = case_cost(case, inp)
     res.gbps = nbytes / res.us / 1e3

@@ -49,6 +49,16 @@ def _ds_scale(KV, o_row, m_n, G: tl.constexpr, L: tl.constexpr, FP8_NATIVE: tl.c
 
 
 @triton.jit
+def _ds_ref_scale(b_c0, b_c1, b_c2, b_c3):
+    # a step's reference scale: its largest (1 where every row is masked)
+    b_cmax = tl.maximum(
+        tl.maximum(tl.max(b_c0, 0), tl.max(b_c1, 0)),
+        tl.maximum(tl.max(b_c2, 0), tl.max(b_c3, 0)),
+    )
+    return tl.where(b_cmax > 0.0, b_cmax, 1.0)
+
+
+@triton.jit
 def _ds_chunk(
     STAGE: tl.constexpr,
     KV,
@@ -158,11 +168,7 @@ def _ds_step(
             # the step's largest scale first: the chunks are dequantized relative to it, the
             # NoPE logits (one accumulation chain) scaled back by it once, and the accumulators
             # kept in its units (b_ref, as in the unfolded form)
-            b_cmax = tl.maximum(
-                tl.maximum(tl.max(b_c0, 0), tl.max(b_c1, 0)),
-                tl.maximum(tl.max(b_c2, 0), tl.max(b_c3, 0)),
-            )
-            b_ref_new = tl.where(b_cmax > 0.0, b_cmax, 1.0)
+            b_ref_new = _ds_ref_scale(b_c0, b_c1, b_c2, b_c3)
             b_inv_ref = 1.0 / b_ref_new
         else:
             # bf16 and fp32 hold the products as they are (fp32's exponent range)
@@ -210,11 +216,7 @@ def _ds_step(
         b_kr = _ds_rope(KV, o_row, m_n, b_qr.dtype, L, R)
         b_s += tl.dot(b_qr, tl.trans(b_kr), input_precision=DOT_PRECISION)
     b_p, b_alpha, b_l, b_m = _softmax_step(b_s, m_n, qk_scale, b_m, b_l)
-    b_cmax = tl.maximum(
-        tl.maximum(tl.max(b_c0, 0), tl.max(b_c1, 0)),
-        tl.maximum(tl.max(b_c2, 0), tl.max(b_c3, 0)),
-    )
-    b_ref_new = tl.where(b_cmax > 0.0, b_cmax, 1.0)
+    b_ref_new = _ds_ref_scale(b_c0, b_c1, b_c2, b_c3)
     b_alpha = b_alpha * (b_ref / b_ref_new)
     b_pr = b_p / b_ref_new
     b_a0 = _ds_pv(b_pr, b_c0, b_k0, b_a0, b_alpha, dtype, DOT_PRECISION)
@@ -412,11 +414,7 @@ def sparse_mla_ds_mla_fwd_kernel(
                 b_kr = _ds_rope(KV, o_row, m_n, b_qr.dtype, L, R)
                 b_s += tl.dot(b_qr, tl.trans(b_kr), input_precision=DOT_PRECISION)
             b_p, b_alpha, b_l, b_m = _softmax_step(b_s, m_n, qk_scale, b_m, b_l)
-            b_cmax = tl.maximum(
-                tl.maximum(tl.max(b_c0, 0), tl.max(b_c1, 0)),
-                tl.maximum(tl.max(b_c2, 0), tl.max(b_c3, 0)),
-            )
-            b_ref_new = tl.where(b_cmax > 0.0, b_cmax, 1.0)
+            b_ref_new = _ds_ref_scale(b_c0, b_c1, b_c2, b_c3)
             b_alpha = b_alpha * (b_ref / b_ref_new)
             b_ref = b_ref_new
             b_pr = b_p / b_ref

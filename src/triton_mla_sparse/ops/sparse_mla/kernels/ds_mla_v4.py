@@ -62,6 +62,26 @@ def _v4_rows(b_page, b_slot, stride_kb, page_size):
 
 
 @triton.jit
+def _v4_scale(KV, o_scale, m_n, G: tl.constexpr):
+    # chunk G's scale 2^(byte - 127) per row [BLOCK_N], float32 from its bits (0 where masked)
+    b_e = tl.load(KV + o_scale + G, mask=m_n, other=0)
+    return (b_e.to(tl.int32) << FP32_MANTISSA_BITS).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _v4_ref_scale(b_c0, b_c1, b_c2, b_c3, b_c4, b_c5, b_c6):
+    # a step's reference scale: its largest (1 where every row is masked)
+    b_cmax = tl.maximum(
+        tl.maximum(tl.maximum(tl.max(b_c0, 0), tl.max(b_c1, 0)), tl.max(b_c2, 0)),
+        tl.maximum(
+            tl.maximum(tl.max(b_c3, 0), tl.max(b_c4, 0)),
+            tl.maximum(tl.max(b_c5, 0), tl.max(b_c6, 0)),
+        ),
+    )
+    return tl.where(b_cmax > 0.0, b_cmax, 1.0)
+
+
+@triton.jit
 def _v4_chunk(
     STAGE: tl.constexpr,
     KV,
@@ -79,8 +99,7 @@ def _v4_chunk(
     # 105: their amax floor 1e-4 gives exponent -22))
     o_c = tl.arange(0, V4_GROUP)
     b_k8 = tl.load(KV + o_data[:, None] + (G * V4_GROUP + o_c[None, :]), mask=m_n[:, None], other=0)
-    b_e = tl.load(KV + o_scale + G, mask=m_n, other=0)
-    b_sc = (b_e.to(tl.int32) << FP32_MANTISSA_BITS).to(tl.float32, bitcast=True)
+    b_sc = _v4_scale(KV, o_scale, m_n, G)
     if FOLD:
         # the tile comes out dequantized (callers ignore the scale): the product is formed in
         # fp32 and converted to bf16, both exact (4 significant bits times a power of two); the
@@ -96,13 +115,6 @@ def _v4_chunk(
         if STAGE:
             b_k = b_k * m_n[:, None].to(b_k.dtype)  # as ds_mla._ds_chunk: convert once, staged
     return b_k, b_sc
-
-
-@triton.jit
-def _v4_scale(KV, o_scale, m_n, G: tl.constexpr):
-    # chunk G's scale 2^(byte - 127) per row [BLOCK_N], float32 from its bits (0 where masked)
-    b_e = tl.load(KV + o_scale + G, mask=m_n, other=0)
-    return (b_e.to(tl.int32) << FP32_MANTISSA_BITS).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -165,6 +177,8 @@ def _v4_step(
 ):
     # one gather step: logits of BLOCK_N rows, the online softmax, the eight PV dots
     if FOLD_FP16:
+        # each chunk times its ratio to the step's reference scale (with the integer decode's
+        # 2^8), as fp16 powers of two
         b_c0 = _v4_scale(KV, o_scale, m_n, 0)
         b_c1 = _v4_scale(KV, o_scale, m_n, 1)
         b_c2 = _v4_scale(KV, o_scale, m_n, 2)
@@ -172,15 +186,7 @@ def _v4_step(
         b_c4 = _v4_scale(KV, o_scale, m_n, 4)
         b_c5 = _v4_scale(KV, o_scale, m_n, 5)
         b_c6 = _v4_scale(KV, o_scale, m_n, 6)
-        b_cmax = tl.maximum(
-            tl.maximum(tl.maximum(tl.max(b_c0, 0), tl.max(b_c1, 0)), tl.max(b_c2, 0)),
-            tl.maximum(
-                tl.maximum(tl.max(b_c3, 0), tl.max(b_c4, 0)),
-                tl.maximum(tl.max(b_c5, 0), tl.max(b_c6, 0)),
-            ),
-        )
-        b_ref_new = tl.where(b_cmax > 0.0, b_cmax, 1.0)
-        # each chunk's ratio to the reference (a power of two), with the integer decode's 2^8
+        b_ref_new = _v4_ref_scale(b_c0, b_c1, b_c2, b_c3, b_c4, b_c5, b_c6)
         b_inv_ref = 1.0 / b_ref_new
         if not FP8_NATIVE:
             b_inv_ref = b_inv_ref * INT_DECODE_FACTOR
@@ -205,39 +211,15 @@ def _v4_step(
         b_k6 = _v4_fp16_folded_chunk(
             KV, o_data, m_n, (b_c6 * b_inv_ref).to(tl.float16), 6, FP8_NATIVE
         )
-        b_s = tl.dot(b_q0, tl.trans(b_k0), input_precision=DOT_PRECISION)
-        b_s = tl.dot(b_q1, tl.trans(b_k1), b_s, input_precision=DOT_PRECISION)
-        b_s = tl.dot(b_q2, tl.trans(b_k2), b_s, input_precision=DOT_PRECISION)
-        b_s = tl.dot(b_q3, tl.trans(b_k3), b_s, input_precision=DOT_PRECISION)
-        b_s = tl.dot(b_q4, tl.trans(b_k4), b_s, input_precision=DOT_PRECISION)
-        b_s = tl.dot(b_q5, tl.trans(b_k5), b_s, input_precision=DOT_PRECISION)
-        b_s = tl.dot(b_q6, tl.trans(b_k6), b_s, input_precision=DOT_PRECISION)
-        b_s = b_s * b_ref_new
-        b_kr = _v4_rope(KV, o_data, m_n, b_qr.dtype)
-        b_s = tl.dot(b_qr, tl.trans(b_kr), b_s, input_precision=DOT_PRECISION)
-        b_p, b_alpha, b_l, b_m = _softmax_step(b_s, m_n, qk_scale, b_m, b_l)
-        # the RoPE accumulator in plain units, the NoPE ones in units of the reference
-        b_ar = tl.dot(
-            b_p.to(b_qr.dtype), b_kr, b_ar * b_alpha[:, None], input_precision=DOT_PRECISION
-        )
-        b_alpha = b_alpha * (b_ref / b_ref_new)
-        b_pd = b_p.to(tl.float16)
-        b_a0 = tl.dot(b_pd, b_k0, b_a0 * b_alpha[:, None], input_precision=DOT_PRECISION)
-        b_a1 = tl.dot(b_pd, b_k1, b_a1 * b_alpha[:, None], input_precision=DOT_PRECISION)
-        b_a2 = tl.dot(b_pd, b_k2, b_a2 * b_alpha[:, None], input_precision=DOT_PRECISION)
-        b_a3 = tl.dot(b_pd, b_k3, b_a3 * b_alpha[:, None], input_precision=DOT_PRECISION)
-        b_a4 = tl.dot(b_pd, b_k4, b_a4 * b_alpha[:, None], input_precision=DOT_PRECISION)
-        b_a5 = tl.dot(b_pd, b_k5, b_a5 * b_alpha[:, None], input_precision=DOT_PRECISION)
-        b_a6 = tl.dot(b_pd, b_k6, b_a6 * b_alpha[:, None], input_precision=DOT_PRECISION)
-        return b_a0, b_a1, b_a2, b_a3, b_a4, b_a5, b_a6, b_ar, b_l, b_m, b_ref_new
-    b_k0, b_c0 = _v4_chunk(STAGE, KV, o_data, o_scale, m_n, 0, dtype, FP8_NATIVE, FOLD)
-    b_k1, b_c1 = _v4_chunk(STAGE, KV, o_data, o_scale, m_n, 1, dtype, FP8_NATIVE, FOLD)
-    b_k2, b_c2 = _v4_chunk(STAGE, KV, o_data, o_scale, m_n, 2, dtype, FP8_NATIVE, FOLD)
-    b_k3, b_c3 = _v4_chunk(STAGE, KV, o_data, o_scale, m_n, 3, dtype, FP8_NATIVE, FOLD)
-    b_k4, b_c4 = _v4_chunk(STAGE, KV, o_data, o_scale, m_n, 4, dtype, FP8_NATIVE, FOLD)
-    b_k5, b_c5 = _v4_chunk(STAGE, KV, o_data, o_scale, m_n, 5, dtype, FP8_NATIVE, FOLD)
-    b_k6, b_c6 = _v4_chunk(STAGE, KV, o_data, o_scale, m_n, 6, dtype, FP8_NATIVE, FOLD)
-    if FOLD:
+    else:
+        b_k0, b_c0 = _v4_chunk(STAGE, KV, o_data, o_scale, m_n, 0, dtype, FP8_NATIVE, FOLD)
+        b_k1, b_c1 = _v4_chunk(STAGE, KV, o_data, o_scale, m_n, 1, dtype, FP8_NATIVE, FOLD)
+        b_k2, b_c2 = _v4_chunk(STAGE, KV, o_data, o_scale, m_n, 2, dtype, FP8_NATIVE, FOLD)
+        b_k3, b_c3 = _v4_chunk(STAGE, KV, o_data, o_scale, m_n, 3, dtype, FP8_NATIVE, FOLD)
+        b_k4, b_c4 = _v4_chunk(STAGE, KV, o_data, o_scale, m_n, 4, dtype, FP8_NATIVE, FOLD)
+        b_k5, b_c5 = _v4_chunk(STAGE, KV, o_data, o_scale, m_n, 5, dtype, FP8_NATIVE, FOLD)
+        b_k6, b_c6 = _v4_chunk(STAGE, KV, o_data, o_scale, m_n, 6, dtype, FP8_NATIVE, FOLD)
+    if FOLD or FOLD_FP16:
         # dequantized tiles: one accumulation chain for the logits, P as it is for every chunk
         b_kr = _v4_rope(KV, o_data, m_n, b_qr.dtype)
         b_s = tl.dot(b_q0, tl.trans(b_k0), input_precision=DOT_PRECISION)
@@ -247,10 +229,19 @@ def _v4_step(
         b_s = tl.dot(b_q4, tl.trans(b_k4), b_s, input_precision=DOT_PRECISION)
         b_s = tl.dot(b_q5, tl.trans(b_k5), b_s, input_precision=DOT_PRECISION)
         b_s = tl.dot(b_q6, tl.trans(b_k6), b_s, input_precision=DOT_PRECISION)
+        if FOLD_FP16:
+            b_s = b_s * b_ref_new  # the NoPE logits back in plain units
+        else:
+            b_ref_new = b_ref
         b_s = tl.dot(b_qr, tl.trans(b_kr), b_s, input_precision=DOT_PRECISION)
         b_p, b_alpha, b_l, b_m = _softmax_step(b_s, m_n, qk_scale, b_m, b_l)
+        # the RoPE accumulator in plain units, the NoPE ones in units of the reference
+        b_ar = tl.dot(
+            b_p.to(b_qr.dtype), b_kr, b_ar * b_alpha[:, None], input_precision=DOT_PRECISION
+        )
+        if FOLD_FP16:
+            b_alpha = b_alpha * (b_ref / b_ref_new)
         b_pd = b_p.to(dtype)
-        b_ar = tl.dot(b_pd, b_kr, b_ar * b_alpha[:, None], input_precision=DOT_PRECISION)
         b_a0 = tl.dot(b_pd, b_k0, b_a0 * b_alpha[:, None], input_precision=DOT_PRECISION)
         b_a1 = tl.dot(b_pd, b_k1, b_a1 * b_alpha[:, None], input_precision=DOT_PRECISION)
         b_a2 = tl.dot(b_pd, b_k2, b_a2 * b_alpha[:, None], input_precision=DOT_PRECISION)
@@ -258,7 +249,7 @@ def _v4_step(
         b_a4 = tl.dot(b_pd, b_k4, b_a4 * b_alpha[:, None], input_precision=DOT_PRECISION)
         b_a5 = tl.dot(b_pd, b_k5, b_a5 * b_alpha[:, None], input_precision=DOT_PRECISION)
         b_a6 = tl.dot(b_pd, b_k6, b_a6 * b_alpha[:, None], input_precision=DOT_PRECISION)
-        return b_a0, b_a1, b_a2, b_a3, b_a4, b_a5, b_a6, b_ar, b_l, b_m, b_ref
+        return b_a0, b_a1, b_a2, b_a3, b_a4, b_a5, b_a6, b_ar, b_l, b_m, b_ref_new
     b_s = tl.dot(b_q0, tl.trans(b_k0), input_precision=DOT_PRECISION) * b_c0[None, :]
     b_s += tl.dot(b_q1, tl.trans(b_k1), input_precision=DOT_PRECISION) * b_c1[None, :]
     b_s += tl.dot(b_q2, tl.trans(b_k2), input_precision=DOT_PRECISION) * b_c2[None, :]
@@ -272,14 +263,7 @@ def _v4_step(
     b_kr = _v4_rope(KV, o_data, m_n, b_qr.dtype)
     b_s += tl.dot(b_qr, tl.trans(b_kr), input_precision=DOT_PRECISION)
     b_p, b_alpha, b_l, b_m = _softmax_step(b_s, m_n, qk_scale, b_m, b_l)
-    b_cmax = tl.maximum(
-        tl.maximum(tl.maximum(tl.max(b_c0, 0), tl.max(b_c1, 0)), tl.max(b_c2, 0)),
-        tl.maximum(
-            tl.maximum(tl.max(b_c3, 0), tl.max(b_c4, 0)),
-            tl.maximum(tl.max(b_c5, 0), tl.max(b_c6, 0)),
-        ),
-    )
-    b_ref_new = tl.where(b_cmax > 0.0, b_cmax, 1.0)
+    b_ref_new = _v4_ref_scale(b_c0, b_c1, b_c2, b_c3, b_c4, b_c5, b_c6)
     # the RoPE accumulator (scale 1) in plain units, the NoPE ones in units of b_ref
     b_ar = tl.dot(b_p.to(b_qr.dtype), b_kr, b_ar * b_alpha[:, None], input_precision=DOT_PRECISION)
     b_alpha = b_alpha * (b_ref / b_ref_new)
