@@ -87,6 +87,7 @@ def chosen(arch) -> set[tuple]:
                     c.stage_dequant,
                     c.idx_ahead,
                     fp16_mma_for(dt, fmt, arch, c.block_h),
+                    c.fp16_fold,
                 )
             )
     return out
@@ -105,11 +106,12 @@ def _job(
 ) -> tuple[str, dict]:
     """One job; ``extra`` ("flat", "paged", "bt") adds a second index set (aot_compile.py's
     layouts; its counts follow ``has_counts``), ``sink`` an attention sink."""
-    bh, bn, nw, ns, dt, fmt, split, stage, ahead, fp16_mma = cfg
+    bh, bn, nw, ns, dt, fmt, split, stage, ahead, fp16_mma, fp16_fold = cfg
     job = dict(
         stage_dequant=stage,
         idx_ahead=ahead,
         fp16_mma=fp16_mma,
+        fp16_fold=fp16_fold,
         arch=arch_name(arch),
         dtype=dt,
         fmt=fmt,
@@ -130,6 +132,8 @@ def _job(
         key += "-ahead"
     if fmt != "auto" and not fp16_mma:
         key += "-qdtype-mma"
+    if fp16_fold:
+        key += "-fp16-fold"
     if has_bt:
         key += "-blocktable"
     if extra:

@@ -20,6 +20,7 @@ from triton_mla_sparse.ops.sparse_mla.heuristics import (
     TARGETS,
     Arch,
     choose_config,
+    folds_ds_mla_fp16,
     folds_v4_scales,
     fp16_mma_for,
 )
@@ -51,24 +52,45 @@ def test_fp16_mma_elsewhere(arch, dtype, fmt, heads):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("tokens", [1, 8, 16, 128])
 @pytest.mark.parametrize("heads", [16, 64, 128])
-def test_v4_record_folds_its_scales_on_sm90_with_bf16(arch, dtype, tokens, heads):
-    """The V4 record runs bf16 MMAs with folded scales on sm90 with bf16 q (16-head blocks
-    below 16 tokens, 64-row two-stage steps in 64-head tiles); every other target and fp16 q
-    keep fp16 MMAs in fp8_ds_mla's tiles."""
+def test_v4_record_folds_its_scales_where_timed(arch, dtype, tokens, heads):
+    """The V4 record runs bf16 MMAs with folded scales with bf16 q on sm80, sm89 and sm90;
+    on sm90 in 16-head blocks below 16 tokens and 64-row two-stage steps in 64-head tiles,
+    elsewhere in fp8_ds_mla's tiles. Every other target and fp16 q keep fp16 MMAs."""
     fmt = "fp8_ds_mla_v4"
     cfg = choose_config(tokens, heads, 128 + 512, dtype, fmt, arch, block_table=True)
-    folded = arch == SM90 and dtype == torch.bfloat16
+    folded = arch.backend == "cuda" and arch.cc in (80, 89, 90) and dtype == torch.bfloat16
     assert folds_v4_scales(dtype, fmt, arch) is folded
     assert fp16_mma_for(dtype, fmt, arch, cfg.block_h) is not folded
+    assert not cfg.fp16_fold
     plain = choose_config(tokens, heads, 128 + 512, dtype, "fp8_ds_mla", arch, block_table=True)
-    if not folded:
+    if arch != SM90 or dtype != torch.bfloat16:
         assert cfg.block_n == 32 and cfg.block_h <= plain.block_h
         return
     assert cfg.block_h == (16 if tokens < 16 else min(64, heads))
     if cfg.block_h == 64:
         assert (cfg.block_n, cfg.num_stages, cfg.stage_dequant) == (64, 2, True)
-    else:
-        assert (cfg.block_n, cfg.num_stages) == (plain.block_n, plain.num_stages)
+    else:  # fp8_ds_mla's staged 32-row tiles
+        assert (cfg.block_n, cfg.num_stages, cfg.stage_dequant) == (32, 2, True)
+
+
+@pytest.mark.parametrize("arch", TARGETS, ids=lambda a: f"{a.backend}{a.cc}")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("tokens", [1, 16, 128, 4096])
+@pytest.mark.parametrize("heads", [8, 16, 32, 48, 64, 128])
+def test_fp8_ds_mla_folds_into_fp16_in_wide_sm90_tiles(arch, dtype, tokens, heads):
+    """fp8_ds_mla's 64-head tiles on sm90 with bf16 q take fp16 MMAs with folded scales in
+    64-row two-stage staged steps; every other call keeps exact fp16 operands."""
+    cfg = choose_config(tokens, heads, 2048, dtype, "fp8_ds_mla", arch)
+    folded = arch == SM90 and dtype == torch.bfloat16 and cfg.block_h == 64
+    assert folds_ds_mla_fp16(dtype, "fp8_ds_mla", arch) is (
+        arch == SM90 and dtype == torch.bfloat16
+    )
+    assert cfg.fp16_fold is folded
+    if folded:
+        assert heads > 32
+        assert (cfg.block_n, cfg.num_stages, cfg.stage_dequant) == (64, 2, True)
+    if dtype != torch.float32:
+        assert fp16_mma_for(dtype, "fp8_ds_mla", arch, cfg.block_h)
 
 
 @pytest.mark.gpu

@@ -1,7 +1,7 @@
 """Sweep launch configurations for key shapes on the GPU: check each against the reference, time it.
 
     python benchmarks/perf/tune.py [--only mem,mma,small,ds,occ,ds-mma,e4m3,stage,v4] [--out DIR]
-        [--arch sm80|sm86|sm89]
+        [--arch sm80|sm86|sm89] [--tokens 64,128]
 
 Prints one line per configuration and the best per case; writes every row, with the ceilings
 measured in the same run, to DIR/tune.json (DIR defaults to ./out/tune). Evidence for the
@@ -58,6 +58,16 @@ def staged_or_not(c: Case) -> list[KernelConfig]:
     return [dataclasses.replace(base, stage_dequant=stage) for stage in (True, False)]
 
 
+def exact_fp16_steps(cfg: KernelConfig, programs: int, width: int, arch) -> KernelConfig:
+    """fp8_ds_mla's 32-row staged tile with exact fp16 operands in place of the fold in 64-row
+    steps that heuristics.folds_ds_mla_fp16 gives 64-head tiles on sm90: the form the sweeps
+    below vary from."""
+    if not cfg.fp16_fold:
+        return cfg
+    splits = num_splits_for(programs, width, 32, arch.num_sms, cfg.block_h)
+    return dataclasses.replace(cfg, block_n=32, fp16_fold=False, num_splits=splits)
+
+
 def v4_tiles(c: Case) -> list[KernelConfig]:
     """DeepSeek-V4's record (fp8_ds_mla_v4) in the 32-row steps it shares with fp8_ds_mla, in
     every head block the path compiles (its max_block_h), 4 or 8 warps, the split count the
@@ -70,7 +80,12 @@ def v4_tiles(c: Case) -> list[KernelConfig]:
     arch = arch_of(torch.device("cuda"))
     width = c.topk + c.extra_topk
     # fp8_ds_mla's tile for the same call: the record's 32-row steps, stages and staging
-    shared = choose_config(c.tokens, c.heads, width, c.dtype, "fp8_ds_mla", arch, block_table=True)
+    shared = exact_fp16_steps(
+        choose_config(c.tokens, c.heads, width, c.dtype, "fp8_ds_mla", arch, block_table=True),
+        c.tokens * -(-c.heads // 64),
+        width,
+        arch,
+    )
     limit = max_block_h(c.dtype, c.kv_format, arch)
     out = []
     for block_h, warps in ((64, 8), (32, 4), (32, 8), (16, 4)):
@@ -100,9 +115,9 @@ def ds_mma_tiles(c: Case) -> list[KernelConfig]:
     latter in the default's 32-row steps too (64 heads on sm90, instructions per pass: fp16
     1186 / 1973 in 32- / 64-row steps with 208 / 1288 B of spills, fp16 folded 1023 / 1514
     with 0 / 8 B: perf-log 21)."""
-    base = choose_config(
-        c.tokens, c.heads, c.topk, c.dtype, c.kv_format, arch_of(torch.device("cuda"))
-    )
+    arch = arch_of(torch.device("cuda"))
+    base = choose_config(c.tokens, c.heads, c.topk, c.dtype, c.kv_format, arch)
+    base = exact_fp16_steps(base, c.tokens * -(-c.heads // base.block_h), c.topk, arch)
     folded = dataclasses.replace(base, fp16_mma=False)
     steps = [
         dataclasses.replace(folded, stage_dequant=stage, block_n=bn)
@@ -253,6 +268,11 @@ def main() -> None:
         choices=sorted(ARCH_CHOICES),
         help="run the sweeps on that target's path by PTX JIT (this GPU's times)",
     )
+    ap.add_argument(
+        "--tokens",
+        type=lambda s: {int(t) for t in s.split(",")},
+        help="only the cases with these token counts, comma-separated (e.g. 64,128)",
+    )
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     dev = torch.device("cuda")
@@ -268,6 +288,11 @@ def main() -> None:
     sweep(args, dev, path)
 
 
+def selected(cases: list[Case], tokens: set[int] | None) -> list[Case]:
+    """The cases of a sweep whose token count is in ``tokens`` (all of them for None)."""
+    return [c for c in cases if tokens is None or c.tokens in tokens]
+
+
 def sweep(args, dev, path: str) -> None:
     log = args.out / "tune.json"
     ceil = measure_ceilings(dev)
@@ -278,7 +303,7 @@ def sweep(args, dev, path: str) -> None:
     rows = []
     for name in args.only.split(","):
         cases, configs = SWEEPS[name]
-        for case in cases:
+        for case in selected(cases, args.tokens):
             prepared = prepare(case, dev)
             # None: the configuration sparse_mla chooses for the call (its plan)
             for cfg in [None, *configs(case)]:
@@ -304,7 +329,7 @@ def sweep(args, dev, path: str) -> None:
                 )
     print("\nbest per case:")
     for name in args.only.split(","):
-        for case in SWEEPS[name][0]:
+        for case in selected(SWEEPS[name][0], args.tokens):
             cand = [
                 r
                 for r in rows

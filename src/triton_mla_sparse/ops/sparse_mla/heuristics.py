@@ -28,6 +28,7 @@ __all__ = [
     "choose_config",
     "e4m3_decode_for",
     "fp16_mma_for",
+    "folds_ds_mla_fp16",
     "folds_v4_scales",
     "max_block_h",
     "num_splits_for",
@@ -72,7 +73,7 @@ class KernelConfig:
     # relative to the step's largest scale, as the bf16/fp32 MMAs do (kernels/ds_mla.py,
     # kernels/ds_mla_v4.py): for fp8_ds_mla one fp16 rounding of each dequantized value, for
     # the V4 record exact (powers of two), instead of exact operands and scaled logits and P.
-    # Not chosen by any heuristic yet.
+    # The default for fp8_ds_mla in 64-head tiles on sm90 with bf16 q (folds_ds_mla_fp16).
     fp16_fold: bool = False
 
 
@@ -90,6 +91,9 @@ SHORT_DECODE_TOKENS = 16
 SCALED_CHUNK_FORMATS = ("fp8_ds_mla", "fp8_ds_mla_v4")
 # NVIDIA targets whose 64-head fp8_ds_mla_v4 tile compiles without large spills (max_block_h)
 V4_H64_CCS = (90, 100)
+# NVIDIA targets whose V4 record runs bf16 MMAs with folded scales under bf16 q
+# (folds_v4_scales): where that form was timed faster (sm80 / sm89 as their PTX on an H200).
+V4_FOLD_CCS = (80, 89, 90)
 
 
 def max_block_h(dtype: torch.dtype, kv_format: str, arch: Arch) -> int:
@@ -144,6 +148,12 @@ def tile_config(
         # steps over two stages 52 / 83 us at 64 / 128 tokens against 67 / 111 in 32-row steps
         # (one stage 56 / 86).
         return KernelConfig(block_h, 64, warps, 2, stage_dequant=True)
+    if folds_ds_mla_fp16(dtype, kv_format, arch) and block_h >= 64:
+        # H200, fp8_ds_mla decode (Triton 3.8, PERFORMANCE.md log 29): fp16 MMAs with folded
+        # scales in 64-row two-stage steps 211 / 416 us at 128 tokens x 64 / 128 heads against
+        # 320 / 635 for exact fp16 operands in 32-row steps; 38.5 against 53.5 us at 16 x 64,
+        # 15.6 against 17.3 at 1 x 128; prefill 4096 x 64 6.6 against 10.3 ms.
+        return KernelConfig(block_h, 64, warps, 2, stage_dequant=True, fp16_fold=True)
     if kv_format in SCALED_CHUNK_FORMATS:
         # fp8_ds_mla_v4 otherwise takes fp8_ds_mla's tiles.
         # H200, 128 tokens x 16 heads: staged 32-row tiles 160 us, hoisted 174 us, 64-row tiles
@@ -226,10 +236,13 @@ def choose_config(
     """The launch configuration of one call; ``block_table``: the call maps indices through a
     block table (then the gather loop loads each step's indices in the step, never ahead)."""
     limit = max_block_h(dtype, kv_format, arch)
-    if folds_v4_scales(dtype, kv_format, arch) and num_tokens < SHORT_DECODE_TOKENS:
+    wgmma = arch.backend == "cuda" and int(arch.cc) == 90
+    if wgmma and folds_v4_scales(dtype, kv_format, arch) and num_tokens < SHORT_DECODE_TOKENS:
         # H200, DeepSeek-V4 decode, 1 token x 64 heads: 16-head blocks 8.1 us, 32-head 9.7,
         # 64-head 13.7 (more programs share the gather); at 16 tokens the 64-head tile in
-        # 64-row steps is within 5% of the best (24.8 us against 23.6 for 32-head blocks)
+        # 64-row steps is within 5% of the best (24.8 us against 23.6 for 32-head blocks).
+        # sm80's code keeps 32-head blocks: 16-head ones were 15% faster at 1 token but 40%
+        # slower at 16 (9.3 / 34.6 against 10.9 / 24.7 us), and nothing between was timed.
         limit = min(limit, 16)
     block_h = block_h_for(num_heads, limit)
     num_hb = -(-num_heads // block_h)
@@ -245,14 +258,27 @@ def choose_config(
 
 def folds_v4_scales(dtype: torch.dtype, kv_format: str, arch: Arch) -> bool:
     """Whether the V4 record runs bf16 MMAs with its scales folded into the tile (exact: a
-    power of two times an e4m3 value is a bf16 value), so that QK^T is one chain of dots. sm90
-    with bf16 q, where it was timed (H200, DeepSeek-V4 decode at 64 heads, 1-128 tokens: with
-    the tiles choose_config gives it, 1.4-1.9x faster than fp16 MMAs in fp8_ds_mla's tiles;
-    PERFORMANCE.md log 26). P then enters the PV MMAs in bf16 rather than fp16, as FlashMLA's
-    does: the output's error against float64 goes from ~1e-3 to ~2e-3, a bf16 output's own
-    rounding."""
+    power of two times an e4m3 value is a bf16 value), so that QK^T is one chain of dots. With
+    bf16 q on the targets where it was timed (DeepSeek-V4 decode at 64 heads): sm90 on the
+    H200, 1.4-1.9x faster than fp16 MMAs in fp8_ds_mla's tiles at 1-128 tokens with the tiles
+    choose_config gives it (PERFORMANCE.md log 26); sm80's and sm89's code by PTX JIT on the
+    H200 (log 29), in their own tiles, 1.1-1.2x (sm80, 1-64 tokens) and 1.15-1.6x (sm89,
+    1-128 tokens) faster than fp16 MMAs and than fp16 MMAs with folded scales. P then enters
+    the PV MMAs in bf16 rather than fp16, as FlashMLA's does: the output's error against
+    float64 goes from ~1e-3 to ~2e-3, a bf16 output's own rounding. sm86, sm100, sm120 and AMD
+    were not timed and keep fp16 MMAs."""
+    folding = arch.backend == "cuda" and int(arch.cc) in V4_FOLD_CCS
+    return folding and kv_format == "fp8_ds_mla_v4" and dtype == torch.bfloat16
+
+
+def folds_ds_mla_fp16(dtype: torch.dtype, kv_format: str, arch: Arch) -> bool:
+    """Whether fp8_ds_mla in 64-head tiles runs fp16 MMAs with its scales folded into the tile
+    relative to each step's largest (KernelConfig.fp16_fold) in 64-row two-stage steps: sm90
+    with bf16 q, where it was timed 1.1-1.6x faster than exact fp16 operands (PERFORMANCE.md
+    log 29). One fp16 rounding of each dequantized value: the output's error against float64
+    ~9e-4 instead of ~7e-4 (the bf16 fold's ~2.8e-3 put the contract tests' LSE past 0.01)."""
     wgmma = arch.backend == "cuda" and int(arch.cc) == 90
-    return wgmma and kv_format == "fp8_ds_mla_v4" and dtype == torch.bfloat16
+    return wgmma and kv_format == "fp8_ds_mla" and dtype == torch.bfloat16
 
 
 def fp16_mma_for(dtype: torch.dtype, kv_format: str, arch: Arch, block_h: int) -> bool:
@@ -262,8 +288,8 @@ def fp16_mma_for(dtype: torch.dtype, kv_format: str, arch: Arch, block_h: int) -
     folding its fp32 scales rounds every dequantized value to bf16 (as FlashMLA does), which was
     faster on the H200 (128 tokens x 64 heads: 263 us, 195 in 64-row steps, against 322) but
     put the LSE 0.010-0.017 from float64 in 14 of the contract tests (8-128 heads), where the
-    fp16 MMAs stay within their 0.01 (docs/perf-log/20-gpu-check-fold-trial-h200.txt); the fp16
-    MMAs with folded scales (KernelConfig.fp16_fold, PERFORMANCE.md log 27) are not timed yet.
+    fp16 MMAs stay within their 0.01 (docs/perf-log/20-gpu-check-fold-trial-h200.txt); its
+    64-head tiles on sm90 fold the scales into fp16 operands instead (folds_ds_mla_fp16).
     Otherwise fp16 everywhere except per-tensor fp8 with bf16 q in 64-head tiles on sm90: there
     the bf16 -> fp16 conversion makes Triton hold q as a register-sourced wgmma operand ([64,
     512] fp16 in registers), ptxas serialises the wgmmas and spills, and that variant returned
