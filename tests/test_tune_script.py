@@ -111,7 +111,7 @@ def test_v4_sweep_plans_on_the_path(tune, monkeypatch, cc):
 def test_ds_mma_sweep_plans_on_sm90(tune, monkeypatch):
     """fp8_ds_mla's MMA-dtype sweep on sm90: the folded form (MMAs in q's dtype) staged or not,
     in 16-, 32- and 64-row steps; the fp16 form and the fp16 fold in 64-row steps with one and
-    two stages, the fp16 fold in 32-row steps too."""
+    two stages, the fp16 fold in 32-row steps too, and in 32-head one-stage tiles."""
     arch = next(a for a in TARGETS if a.backend == "cuda" and a.cc == 90)
     monkeypatch.setattr(tune, "arch_of", lambda device: arch)
     cases, configs = tune.SWEEPS["ds-mma"]
@@ -124,6 +124,9 @@ def test_ds_mma_sweep_plans_on_sm90(tune, monkeypatch):
             assert {(64, 1), (64, 2)} <= long
         assert all(c.block_n == 64 for c in cfgs if c.fp16_mma and not c.fp16_fold)
         assert any(c.fp16_fold and c.block_n == 32 for c in cfgs)
+        pairs = [c for c in cfgs if c.block_h == 32]
+        assert len(pairs) == (2 if case.heads > 32 else 0)
+        assert all(c.fp16_fold and (c.block_n, c.num_stages) == (32, 1) for c in pairs)
         for cfg in cfgs:
             plan = plan_of(case, cfg, arch)
             assert plan.constexprs["STAGE"] is cfg.stage_dequant

@@ -114,7 +114,7 @@ def ds_mma_tiles(c: Case) -> list[KernelConfig]:
     and the fp16 MMAs with folded scales (KernelConfig.fp16_fold) in the same 64-row steps, the
     latter in the default's 32-row steps too (64 heads on sm90, instructions per pass: fp16
     1186 / 1973 in 32- / 64-row steps with 208 / 1288 B of spills, fp16 folded 1023 / 1514
-    with 0 / 8 B: perf-log 21)."""
+    with 0 / 8 B: perf-log 21); and the fp16 fold in 32-head blocks, two programs per SM."""
     arch = arch_of(torch.device("cuda"))
     base = choose_config(c.tokens, c.heads, c.topk, c.dtype, c.kv_format, arch)
     base = exact_fp16_steps(base, c.tokens * -(-c.heads // base.block_h), c.topk, arch)
@@ -126,6 +126,23 @@ def ds_mma_tiles(c: Case) -> list[KernelConfig]:
     ]
     fp16 = dataclasses.replace(base, fp16_mma=True)
     fp16_folded = dataclasses.replace(fp16, fp16_fold=True)
+    # 32-head blocks in one-stage 32-row steps (100 KB of shared memory on sm90): two programs
+    # per SM, so that one's dequantization can overlap the other's MMAs and gather, at the
+    # price of dequantizing every row once per head block
+    programs = c.tokens * -(-c.heads // 32)
+    pairs = [
+        dataclasses.replace(
+            fp16_folded,
+            block_h=32,
+            block_n=32,
+            num_warps=warps,
+            num_stages=1,
+            stage_dequant=True,
+            num_splits=num_splits_for(programs, c.topk, 32, arch.num_sms, 32),
+        )
+        for warps in (4, 8)
+        if c.heads > 32
+    ]
     return (
         steps
         + [dataclasses.replace(fp16_folded, stage_dequant=True)]
@@ -134,6 +151,7 @@ def ds_mma_tiles(c: Case) -> list[KernelConfig]:
             for tile in (folded, fp16, fp16_folded)
             for stages in (1, 2)
         ]
+        + pairs
     )
 
 
