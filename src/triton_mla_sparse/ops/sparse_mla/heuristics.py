@@ -236,8 +236,11 @@ def choose_config(
     """The launch configuration of one call; ``block_table``: the call maps indices through a
     block table (then the gather loop loads each step's indices in the step, never ahead)."""
     limit = max_block_h(dtype, kv_format, arch)
-    wgmma = arch.backend == "cuda" and int(arch.cc) == 90
-    if wgmma and folds_v4_scales(dtype, kv_format, arch) and num_tokens < SHORT_DECODE_TOKENS:
+    if (
+        _wgmma(arch)
+        and folds_v4_scales(dtype, kv_format, arch)
+        and num_tokens < SHORT_DECODE_TOKENS
+    ):
         # H200, DeepSeek-V4 decode, 1 token x 64 heads: 16-head blocks 8.1 us, 32-head 9.7,
         # 64-head 13.7 (more programs share the gather); at 16 tokens the 64-head tile in
         # 64-row steps is within 5% of the best (24.8 us against 23.6 for 32-head blocks).
@@ -254,6 +257,11 @@ def choose_config(
         # the same tiles and stages with the in-step loop (what block-table calls have run)
         cfg = dataclasses.replace(cfg, idx_ahead=False)
     return cfg
+
+
+def _wgmma(arch: Arch) -> bool:
+    """sm90, whose MMAs are warpgroup MMAs (wgmma)."""
+    return arch.backend == "cuda" and int(arch.cc) == 90
 
 
 def folds_v4_scales(dtype: torch.dtype, kv_format: str, arch: Arch) -> bool:
@@ -277,8 +285,7 @@ def folds_ds_mla_fp16(dtype: torch.dtype, kv_format: str, arch: Arch) -> bool:
     with bf16 q, where it was timed 1.1-1.6x faster than exact fp16 operands (PERFORMANCE.md
     log 29). One fp16 rounding of each dequantized value: the output's error against float64
     ~9e-4 instead of ~7e-4 (the bf16 fold's ~2.8e-3 put the contract tests' LSE past 0.01)."""
-    wgmma = arch.backend == "cuda" and int(arch.cc) == 90
-    return wgmma and kv_format == "fp8_ds_mla" and dtype == torch.bfloat16
+    return _wgmma(arch) and kv_format == "fp8_ds_mla" and dtype == torch.bfloat16
 
 
 def fp16_mma_for(dtype: torch.dtype, kv_format: str, arch: Arch, block_h: int) -> bool:
@@ -299,8 +306,7 @@ def fp16_mma_for(dtype: torch.dtype, kv_format: str, arch: Arch, block_h: int) -
     """
     if folds_v4_scales(dtype, kv_format, arch):
         return False
-    wgmma = arch.backend == "cuda" and int(arch.cc) == 90
-    return not (wgmma and kv_format == "fp8" and dtype == torch.bfloat16 and block_h >= 64)
+    return not (_wgmma(arch) and kv_format == "fp8" and dtype == torch.bfloat16 and block_h >= 64)
 
 
 def split_len_for(width: int, num_splits: int, block_n: int) -> tuple[int, int]:
