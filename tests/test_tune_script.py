@@ -3,6 +3,8 @@ integer decode forced on one with it), every configuration it times is a plan th
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from conftest import load_script
 
@@ -132,3 +134,48 @@ def test_ds_mma_sweep_plans_on_sm90(tune, monkeypatch):
             assert plan.constexprs["STAGE"] is cfg.stage_dequant
             assert plan.constexprs["MMA_FP16"] is cfg.fp16_mma
             assert plan.constexprs["FOLD_FP16"] is cfg.fp16_fold
+
+
+@pytest.mark.parametrize("max_seconds", [None, 1.0])
+def test_max_seconds_stops_starting_configurations(
+    tune, monkeypatch, tmp_path, capsys, max_seconds
+):
+    """With --max-seconds inside its reserve nothing starts, the count of what did not run is
+    printed and tune.json holds no rows; without it every configuration of the case runs (the
+    timing itself replaced, so this runs without a GPU)."""
+    import argparse
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Ceilings:
+        copy_gbps: float = 1.0
+        matmul_tflops: float = 1.0
+
+    @dataclasses.dataclass
+    class Row:
+        case: str
+        kv_format: str
+        config: str
+        us: float = 1.0
+        ratio: float = 1.0
+
+    arch = next(a for a in TARGETS if a.backend == "cuda" and a.cc == 90)
+    monkeypatch.setattr(tune, "arch_of", lambda device: arch)
+    monkeypatch.setattr(tune, "measure_ceilings", lambda dev: Ceilings())
+    monkeypatch.setattr(tune, "prepare", lambda case, dev: None)
+    monkeypatch.setattr(
+        tune,
+        "run_case",
+        lambda case, dev, ceil, config, prepared: Row(case.name, case.kv_format, str(config)),
+    )
+    args = argparse.Namespace(out=tmp_path, only="v4", tokens={128}, max_seconds=max_seconds)
+    tune.sweep(args, None, "native")
+    rows = json.loads((tmp_path / "tune.json").read_text())["rows"] if max_seconds is None else []
+    (case,) = [c for c in tune.SWEEPS["v4"][0] if c.tokens == 128]
+    expected = 1 + len(tune.SWEEPS["v4"][1](case))
+    out = capsys.readouterr().out
+    if max_seconds is None:
+        assert len(rows) == expected and "not run" not in out
+    else:
+        assert not (tmp_path / "tune.json").exists()
+        assert f"{expected} configurations not run" in out

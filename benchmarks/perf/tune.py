@@ -1,7 +1,7 @@
 """Sweep launch configurations for key shapes on the GPU: check each against the reference, time it.
 
     python benchmarks/perf/tune.py [--only mem,mma,small,ds,occ,ds-mma,e4m3,stage,v4] [--out DIR]
-        [--arch sm80|sm86|sm89] [--tokens 64,128]
+        [--arch sm80|sm86|sm89] [--tokens 64,128] [--max-seconds S]
 
 Prints one line per configuration and the best per case; writes every row, with the ceilings
 measured in the same run, to DIR/tune.json (DIR defaults to ./out/tune). Evidence for the
@@ -16,6 +16,7 @@ import argparse
 import dataclasses
 import itertools
 import json
+import time
 import traceback
 from pathlib import Path
 
@@ -287,6 +288,12 @@ def main() -> None:
         help="run the sweeps on that target's path by PTX JIT (this GPU's times)",
     )
     ap.add_argument(
+        "--max-seconds",
+        type=float,
+        help="start no configuration after this many seconds minus a reserve for one more "
+        "compile, so that the best-per-case table of what ran is still printed",
+    )
+    ap.add_argument(
         "--tokens",
         type=lambda s: {int(t) for t in s.split(",")},
         help="only the cases with these token counts, comma-separated (e.g. 64,128)",
@@ -311,7 +318,17 @@ def selected(cases: list[Case], tokens: set[int] | None) -> list[Case]:
     return [c for c in cases if tokens is None or c.tokens in tokens]
 
 
+# --max-seconds keeps this much back: one more configuration's first compile and its timing
+RESERVE_S = 30.0
+
+
 def sweep(args, dev, path: str) -> None:
+    started = time.monotonic()
+    skipped = 0
+
+    def out_of_time() -> bool:
+        return bool(args.max_seconds) and time.monotonic() - started > args.max_seconds - RESERVE_S
+
     log = args.out / "tune.json"
     ceil = measure_ceilings(dev)
     print(
@@ -322,9 +339,16 @@ def sweep(args, dev, path: str) -> None:
     for name in args.only.split(","):
         cases, configs = SWEEPS[name]
         for case in selected(cases, args.tokens):
-            prepared = prepare(case, dev)
             # None: the configuration sparse_mla chooses for the call (its plan)
-            for cfg in [None, *configs(case)]:
+            cfgs = [None, *configs(case)]
+            if out_of_time():
+                skipped += len(cfgs)
+                continue
+            prepared = prepare(case, dev)
+            for cfg in cfgs:
+                if out_of_time():
+                    skipped += 1
+                    continue
                 try:
                     r = run_case(case, dev, ceil, config=cfg, prepared=prepared)
                     d = dataclasses.asdict(r)
@@ -345,6 +369,8 @@ def sweep(args, dev, path: str) -> None:
                     f"err {d.get('err', float('nan')):.1e} us {d.get('us')} ratio {d.get('ratio')}",
                     flush=True,
                 )
+    if skipped:
+        print(f"\n--max-seconds {args.max_seconds:.0f}: {skipped} configurations not run")
     print("\nbest per case:")
     for name in args.only.split(","):
         for case in selected(SWEEPS[name][0], args.tokens):
