@@ -144,6 +144,28 @@ def test_kernel_lines_are_the_plan(arch, kv):
         assert f"{plan.family} kernel, {c.block_h} heads x {c.block_n} rows per step, " in line
         assert f"{c.num_warps} warps, {c.num_stages} stage" in line
         assert f", {c.num_splits} split" in line
+        k = plan.constexprs
+        if kv == "auto":
+            assert "MMAs" not in line
+            continue
+        assert ("fp16 MMAs" in line) is k["MMA_FP16"]
+        folded = bool(k.get("FOLD_FP16")) or (kv == "fp8_ds_mla" and not k["MMA_FP16"])
+        assert ("scales folded into the tile" in line) is folded
+        assert ("through shared memory" in line) is bool(k.get("STAGE"))
+
+
+def test_kernel_lines_name_the_mma_form():
+    """fp8_ds_mla at 128 heads on sm90: fp16 MMAs with folded scales in staged tiles; on sm80
+    at 16 heads the packed integer decode; per-tensor fp8 at 128 heads on sm90: bf16 MMAs."""
+    ds = kernel.kernel_lines((9, 0), 128, "fp8_ds_mla")
+    assert all(
+        "fp16 MMAs, scales folded into the tile, tiles dequantized once through shared memory"
+        in line
+        for line in ds[1:]
+    )
+    assert "packed integer decode" in kernel.kernel_lines((8, 0), 16, "fp8_ds_mla")[1]
+    fp8 = kernel.kernel_lines((9, 0), 128, "fp8_e4m3")
+    assert all(line.endswith("; bf16 MMAs") for line in fp8[1:])
 
 
 def test_kernel_lines_edges():

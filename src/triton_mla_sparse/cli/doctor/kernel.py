@@ -12,7 +12,7 @@ import dataclasses
 import torch
 
 from triton_mla_sparse.ops.sparse_mla.heuristics import TARGETS, Arch
-from triton_mla_sparse.ops.sparse_mla.plan import make_plan
+from triton_mla_sparse.ops.sparse_mla.plan import DS_MLA, DS_MLA_V4, LaunchPlan, make_plan
 from triton_mla_sparse.vllm_plugin import KV_FORMAT_OF
 
 MIN_CAPABILITY = (8, 0)
@@ -41,6 +41,23 @@ def arch_for(cap: tuple[int, int], num_sms: int | None = None) -> tuple[Arch, st
     if num_sms is not None and num_sms != known.num_sms:
         return dataclasses.replace(known, num_sms=num_sms), ""
     return known, ""
+
+
+def mma_words(plan: LaunchPlan) -> str:
+    """How an e4m3 cache reaches the tensor cores in ``plan``, in words ("" for bf16 rows)."""
+    c = plan.constexprs
+    scaled = plan.family in (DS_MLA, DS_MLA_V4)
+    if not (c.get("E4M3") or scaled):
+        return ""
+    if c["MMA_FP16"]:
+        words = "fp16 MMAs" + (", scales folded into the tile" if c.get("FOLD_FP16") else "")
+    else:
+        words = "bf16 MMAs" + (", scales folded into the tile" if scaled else "")
+    if c.get("STAGE"):
+        words += ", tiles dequantized once through shared memory"
+    if not c["FP8_NATIVE"] and plan.config.e4m3_decode in ("packed", "packed-nomask"):
+        words += ", packed integer decode"
+    return "; " + words
 
 
 def kernel_lines(
@@ -82,6 +99,6 @@ def kernel_lines(
         lines.append(
             f"  {label} x {heads} heads, {ROWS[kv_format]}, top-k {TOPK}: {plan.family} kernel, "
             f"{c.block_h} heads x {c.block_n} rows per step, {c.num_warps} warps, "
-            f"{_n(c.num_stages, 'stage')}, {_n(c.num_splits, 'split')}"
+            f"{_n(c.num_stages, 'stage')}, {_n(c.num_splits, 'split')}{mma_words(plan)}"
         )
     return lines
