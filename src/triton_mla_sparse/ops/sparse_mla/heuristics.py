@@ -270,7 +270,7 @@ def folds_v4_scales(dtype: torch.dtype, kv_format: str, arch: Arch) -> bool:
     bf16 q on the targets where it was timed (DeepSeek-V4 decode at 64 heads): sm90 on the
     H200, 1.4-1.9x faster than fp16 MMAs in fp8_ds_mla's tiles at 1-128 tokens with the tiles
     choose_config gives it (PERFORMANCE.md log 26); sm80's and sm89's code by PTX JIT on the
-    H200 (log 29), in their own tiles, 1.1-1.2x (sm80, 1-64 tokens) and 1.15-1.6x (sm89,
+    H200 (log 29), in their own tiles, 1.05-1.2x (sm80, 1-64 tokens) and 1.15-1.6x (sm89,
     1-128 tokens) faster than fp16 MMAs and than fp16 MMAs with folded scales. P then enters
     the PV MMAs in bf16 rather than fp16, as FlashMLA's does: the output's error against
     float64 goes from ~1e-3 to ~2e-3, a bf16 output's own rounding. sm86, sm100, sm120 and AMD
