@@ -85,3 +85,27 @@ def test_sass_loops_are_backward_branches_and_classes_count_them():
     s = ss.summarize(insns, 2, 5)
     assert s["instructions"] == 4
     assert s["classes"] == {"global": 1, "mma": 1, "convert": 1, "other": 1}
+
+
+def test_gluon_probe_compiles_the_sm90_form():
+    """benchmarks/codegen/gluon_probe.py under the installed Triton: the warp-specialized
+    skeleton with register reallocation compiles for sm90 (cp.async, mbarrier, mma.sync and
+    setmaxnreg in its PTX), and the same form fails for sm80, which has no setmaxnreg."""
+    import subprocess
+
+    probe = str(Path(BENCH) / "gluon_probe.py")
+
+    def one(cc):
+        run = subprocess.run(
+            [sys.executable, probe, "--one", str(cc), "regs"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        return run.returncode, run.stdout
+
+    rc, out = one(90)
+    assert rc == 0 and out.startswith("ok ")
+    assert "cp.async=True mbarrier=True mma.sync=True setmaxnreg=True" in out
+    rc, out = one(80)
+    assert not out.startswith("ok ")

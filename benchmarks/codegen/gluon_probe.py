@@ -11,8 +11,8 @@ The kernel is the skeleton of a producer/consumer decode step: one producer warp
 rows an index list names into a ring of shared-memory tiles with cp.async and signals each tile
 on an mbarrier; the consumer warps wait on it, run mma_v2 against a query block and hand the
 slot back. Forms: ``regs`` passes ``worker_num_regs`` to ``gl.warp_specialize`` (register
-reallocation, ``setmaxnreg``), ``noregs`` omits it (Triton 3.8 accepts that; 3.6 requires the
-argument). Nothing here is launched or checked for results: it answers only whether the design
+reallocation, ``setmaxnreg``), ``noregs`` omits it (Triton 3.8 and later accept that; 3.6
+requires the argument). Nothing here is launched or checked for results: it answers only whether the design
 compiles on a target, which decides where such a kernel could serve.
 """
 
@@ -37,6 +37,9 @@ PRODUCER_WARPS = 1
 PRODUCER_REGS = 48  # a gather-only warp needs few registers
 CONSUMER_WARPS = 4
 FORMS = ("regs", "noregs")
+# cp.async into shared memory: async_load from Triton 3.8 on (3.9 removed the older name),
+# async_copy_global_to_shared in 3.6
+ASYNC_LOAD = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
 
 
 @gluon.jit
@@ -61,7 +64,7 @@ def _producer(
         mbarrier.wait(empty.index(slot), ((i_step // STAGES) & 1) ^ 1)
         i_kv = gl.load(idx_ptr + i_step * ROWS + o_row)
         p_kv = kv_ptr + i_kv[:, None].to(gl.int64) * WIDTH + o_col[None, :]
-        async_copy.async_copy_global_to_shared(ring.index(slot), p_kv)
+        ASYNC_LOAD(ring.index(slot), p_kv)
         async_copy.mbarrier_arrive(ready.index(slot))
 
 
