@@ -90,7 +90,7 @@ def draw(rng: random.Random, g: torch.Generator) -> dict:
             kw["extra_valid_counts"] = torch.randint(-1, xw + 2, (T,), generator=g)
     cfg = None
     if rng.random() < 0.5:
-        ahead = fmt != "fp8_ds_mla" and "block_table" not in kw and rng.random() < 0.3
+        ahead = "block_table" not in kw and rng.random() < 0.3
         cfg = KernelConfig(
             rng.choice([16, 32, 64]),
             rng.choice([16, 32, 64]),

@@ -176,18 +176,44 @@ def test_block_table_and_format_flags():
     "fmt, cfg, words",
     [
         ("auto", KernelConfig(16, 32, 4, 3, idx_ahead=True), ["idx_ahead", "block table: True"]),
-        ("fp8_ds_mla", KernelConfig(16, 32, 4, 3, idx_ahead=True), ["idx_ahead", "fp8_ds_mla"]),
+        (
+            "fp8_ds_mla",
+            KernelConfig(16, 32, 4, 3, idx_ahead=True),
+            ["idx_ahead", "block table: True"],
+        ),
         ("fp8", KernelConfig(16, 32, 4, 2, stage_dequant=True), ["stage_dequant"]),
     ],
 )
 def test_plans_the_kernels_cannot_run_are_refused(fmt, cfg, words):
-    bs = 64 if fmt == "auto" else None
+    bs = 64 if cfg.idx_ahead else None
     with pytest.raises(ValueError) as e:
         plan_for(4, 16, 2048, fmt=fmt, config=cfg, block_size=bs)
     for w in words:
         assert w in str(e.value)
     with pytest.raises(ValueError, match="num_tokens"):
         plan_for(0, 16, 2048)
+
+
+@pytest.mark.parametrize("fmt", ["fp8_ds_mla", "fp8_ds_mla_v4"])
+@pytest.mark.parametrize("ahead", [False, True])
+def test_scaled_formats_load_indices_ahead_where_asked(fmt, ahead):
+    """The scaled formats' kernels take KernelConfig.idx_ahead (both gather loops: the extra
+    set's too, unless a block table maps it)."""
+    cfg = KernelConfig(64, 32, 8, 3, stage_dequant=True, idx_ahead=ahead)
+    rope = 0 if fmt == "fp8_ds_mla_v4" else 64
+    plan = make_plan(
+        num_tokens=4,
+        num_heads=64,
+        latent=512,
+        rope=rope,
+        width=2048,
+        dtype=torch.bfloat16,
+        kv_format=fmt,
+        arch=H200,
+        config=cfg,
+        on_gpu=True,
+    )
+    assert plan.constexprs["IDX_AHEAD"] is ahead
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -156,6 +156,29 @@ def ds_mma_tiles(c: Case) -> list[KernelConfig]:
     )
 
 
+def ahead_tiles(c: Case) -> list[KernelConfig]:
+    """The scaled formats' folded 64-head tiles with each step's indices loaded a step ahead
+    (KernelConfig.idx_ahead), so that Triton's pipeliner keeps the next gathers in flight while
+    a step computes, in 32-row steps with two and three gather buffers (3 / 4 stages), beside
+    the in-step 64-row two-stage tile (whose next gather is issued after the step's MMAs and
+    waited for at the next step's start)."""
+    arch = arch_of(torch.device("cuda"))
+    width = c.topk + c.extra_topk
+    base = choose_config(c.tokens, c.heads, width, c.dtype, c.kv_format, arch)
+    if base.block_h < 64:
+        return []
+    programs = c.tokens * -(-c.heads // base.block_h)
+    out = []
+    for block_n, stages, ahead in ((32, 3, True), (32, 4, True), (64, 2, False)):
+        splits = num_splits_for(programs, width, block_n, arch.num_sms, base.block_h)
+        out.append(
+            dataclasses.replace(
+                base, block_n=block_n, num_stages=stages, idx_ahead=ahead, num_splits=splits
+            )
+        )
+    return out
+
+
 def grid(block_h, block_n, warps, stages, splits, **extra):
     combos = itertools.product(block_h, block_n, warps, stages, splits)
     return [KernelConfig(*c, **extra) for c in combos]
@@ -273,6 +296,17 @@ SWEEPS = {
     # DeepSeek-V4 decode as `bench --model deepseek-v4` runs it (584-byte record, window 128 +
     # compressed top-k 512, sink, 64 heads): head blocks, warps, staging, MMA dtype
     "v4": ([deepseek_v4_case(t, 64) for t in (1, 16, 64, 128)], v4_tiles),
+    # fp8_ds_mla and DeepSeek-V4 in 64-head folded tiles: indices a step ahead or not
+    "ahead": (
+        [
+            Case(f"decode T={t} H={h}", t, h, kv_format="fp8_ds_mla")
+            for t in (128, 64, 16)
+            for h in (64, 128)
+        ]
+        + [Case("decode T=1 H=128", 1, 128, kv_format="fp8_ds_mla")]
+        + [deepseek_v4_case(t, 64) for t in (128, 64, 16)],
+        ahead_tiles,
+    ),
 }
 
 

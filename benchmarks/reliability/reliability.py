@@ -14,7 +14,8 @@ Suites (``--suite``):
 - ``graph``: CUDA-graph capture and replay with q, indices, valid_counts, block table, request ids
   and the fp8 scale tensor overwritten in place between replays, each replay checked; before
   capture, the eager call under ``torch.cuda.set_sync_debug_mode("error")``.
-- ``emulate --arch 80|86|89``: the sanitize suite's cases for that target's heuristics, compiled by
+- ``emulate --arch 80|86|89``: the sanitize suite's cases for that target's heuristics (sink, extra
+  set and V4 record included; e.g. ``--only v4`` for DeepSeek-V4's), compiled by
   Triton for sm_80/86/89 and JIT-compiled from PTX by the driver (benchmarks/reliability/ptx_jit.py); prints
   each variant's PTX ``.target`` and shared memory (checked against the target's limit).
 
@@ -345,6 +346,7 @@ def make_kinds(args: argparse.Namespace, arch) -> list[Kind]:
             Kind(f"narrow-{names[0]}", dt[names[0]], "auto", rope=16, latent=32),
             Kind(f"narrowfp8-{q8n}", q8, "fp8", "float", rope=16, latent=32),
         ]
+    if args.suite in ("sanitize", "emulate"):
         # the attention sink: read in the single-pass epilogue of each family and in the merge
         kinds += [
             Kind(f"sink-{names[0]}", dt[names[0]], "auto", sink=True),

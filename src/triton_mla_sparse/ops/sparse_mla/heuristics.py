@@ -52,9 +52,11 @@ class KernelConfig:
     # (costs shared memory), instead of converting inside each dot's operand load.
     stage_dequant: bool = False
     # Load each step's indices one step ahead (lets Triton double-buffer the gather from
-    # num_stages=3 on; costs registers). Not with a block table: Triton 3.6 fails to compile
-    # step-ahead indices feeding the table lookup (RemoveLayoutConversions), so that path keeps
-    # the in-step loop; sparse_mla refuses a config asking for both.
+    # num_stages=3 on; costs registers). Every format; the scaled formats' extra set keeps the
+    # in-step loop where it has a block table of its own. Not with a (main) block table: Triton
+    # 3.6 fails to compile step-ahead indices feeding the table lookup
+    # (RemoveLayoutConversions), so that path keeps the in-step loop; sparse_mla refuses a
+    # config asking for both.
     idx_ahead: bool = False
     # Launch the merge pass as a programmatic dependent of the split pass (sm90+), so its launch
     # overlaps the split pass instead of following it. None: the architecture's choice.
@@ -152,7 +154,9 @@ def tile_config(
         # H200, fp8_ds_mla decode (Triton 3.8, PERFORMANCE.md log 29): fp16 MMAs with folded
         # scales in 64-row two-stage steps 211 / 416 us at 128 tokens x 64 / 128 heads against
         # 320 / 635 for exact fp16 operands in 32-row steps; 38.5 against 53.5 us at 16 x 64,
-        # 15.6 against 17.3 at 1 x 128; prefill 4096 x 64 6.6 against 10.3 ms.
+        # 15.6 against 17.3 at 1 x 128; prefill 4096 x 64 6.6 against 10.3 ms. Indices a step
+        # ahead in 32-row steps (gathers in flight during compute) were 1.3x slower under 3.8
+        # and 9-20% faster under 3.6, where this tile spills (log 30).
         return KernelConfig(block_h, 64, warps, 2, stage_dequant=True, fp16_fold=True)
     if kv_format in SCALED_CHUNK_FORMATS:
         # fp8_ds_mla_v4 otherwise takes fp8_ds_mla's tiles.

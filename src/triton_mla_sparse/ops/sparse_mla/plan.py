@@ -113,11 +113,6 @@ def check_config(cfg: KernelConfig, kv_format: str, has_bt: bool) -> None:
             "choose_config(..., block_table=True) never picks it): pass idx_ahead=False "
             f"(kv_format={kv_format!r}, block table: True)"
         )
-    if cfg.idx_ahead and FAMILY_OF[kv_format] != LATENT:
-        raise ValueError(
-            f"config {cfg} asks for indices a step ahead (idx_ahead=True), which the "
-            f"kv_format={kv_format!r} kernel does not do: pass idx_ahead=False"
-        )
     if cfg.stage_dequant and FAMILY_OF[kv_format] == LATENT:
         raise ValueError(
             f"config {cfg} asks for stage_dequant=True, which applies to "
@@ -291,7 +286,9 @@ def make_plan(
             IDX_AHEAD=cfg.idx_ahead,
         )
     else:
-        constexprs = dict(common, STAGE=cfg.stage_dequant, FOLD_FP16=cfg.fp16_fold)
+        constexprs = dict(
+            common, STAGE=cfg.stage_dequant, FOLD_FP16=cfg.fp16_fold, IDX_AHEAD=cfg.idx_ahead
+        )
         if family == DS_MLA:
             constexprs["E4M3_DECODE"] = E4M3_DECODE_CONSTEXPR[cfg.e4m3_decode]
     merge = None

@@ -298,6 +298,7 @@ def sparse_mla_ds_mla_fwd_kernel(
     FOLD_FP16: tl.constexpr,  # fp16 MMAs with the scales folded into the tile (module doc)
     STAGE: tl.constexpr,  # convert each chunk once, staged through shared memory
     E4M3_DECODE: tl.constexpr,  # without hardware fp8: ops/e4m3.py's E4M3_* decode forms
+    IDX_AHEAD: tl.constexpr,  # each step's indices loaded one step earlier (latent.py)
     HAS_COUNTS: tl.constexpr,
     HAS_BT: tl.constexpr,
     BT_SHIFT: tl.constexpr,
@@ -351,8 +352,14 @@ def sparse_mla_ds_mla_fwd_kernel(
     b_qx = b_q0  # stands in for the rope part of q where there is none (R == 0: unread)
     if R > 0:
         b_qx = b_qr
+    if IDX_AHEAD:
+        b_idx_nx = _load_idx(Idx, i_t, w_lo, w_hi, stride_it, stride_iw, BLOCK_N)
     for w0 in range(w_lo, w_hi, BLOCK_N):
-        b_idx = _load_idx(Idx, i_t, w0, w_hi, stride_it, stride_iw, BLOCK_N)
+        if IDX_AHEAD:
+            b_idx = b_idx_nx
+            b_idx_nx = _load_idx(Idx, i_t, w0 + BLOCK_N, w_hi, stride_it, stride_iw, BLOCK_N)
+        else:
+            b_idx = _load_idx(Idx, i_t, w0, w_hi, stride_it, stride_iw, BLOCK_N)
         o_row, m_n = _row_offsets(
             b_idx,
             BlockTable,
@@ -437,8 +444,18 @@ def sparse_mla_ds_mla_fwd_kernel(
             EXTRA_HAS_COUNTS,
             EXTRA_HAS_BT,
         )
+        # a block table keeps the in-step loop (KernelConfig.idx_ahead)
+        X_AHEAD: tl.constexpr = IDX_AHEAD and not EXTRA_HAS_BT
+        if X_AHEAD:
+            b_idx_nx = _load_idx(ExtraIdx, i_t, x_lo, x_hi, stride_xit, stride_xiw, BLOCK_N)
         for x0 in range(x_lo, x_hi, BLOCK_N):
-            b_idx = _load_idx(ExtraIdx, i_t, x0, x_hi, stride_xit, stride_xiw, BLOCK_N)
+            if X_AHEAD:
+                b_idx = b_idx_nx
+                b_idx_nx = _load_idx(
+                    ExtraIdx, i_t, x0 + BLOCK_N, x_hi, stride_xit, stride_xiw, BLOCK_N
+                )
+            else:
+                b_idx = _load_idx(ExtraIdx, i_t, x0, x_hi, stride_xit, stride_xiw, BLOCK_N)
             o_row, m_n = _row_offsets(
                 b_idx,
                 ExtraBlockTable,

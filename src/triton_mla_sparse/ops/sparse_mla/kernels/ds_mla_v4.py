@@ -349,6 +349,7 @@ def sparse_mla_ds_mla_v4_fwd_kernel(
     MMA_FP16: tl.constexpr,
     FOLD_FP16: tl.constexpr,  # fp16 MMAs with the scales folded (module docstring)
     STAGE: tl.constexpr,
+    IDX_AHEAD: tl.constexpr,  # each step's indices loaded one step earlier (latent.py)
     HAS_COUNTS: tl.constexpr,
     HAS_BT: tl.constexpr,
     BT_SHIFT: tl.constexpr,
@@ -405,8 +406,14 @@ def sparse_mla_ds_mla_v4_fwd_kernel(
     i_req, w_lo, w_hi = _split_bounds(
         Counts, ReqIds, i_t, i_s, W, split_len, stride_ct, stride_rq, HAS_COUNTS, HAS_BT
     )
+    if IDX_AHEAD:
+        b_idx_nx = _load_idx(Idx, i_t, w_lo, w_hi, stride_it, stride_iw, BLOCK_N)
     for w0 in range(w_lo, w_hi, BLOCK_N):
-        b_idx = _load_idx(Idx, i_t, w0, w_hi, stride_it, stride_iw, BLOCK_N)
+        if IDX_AHEAD:
+            b_idx = b_idx_nx
+            b_idx_nx = _load_idx(Idx, i_t, w0 + BLOCK_N, w_hi, stride_it, stride_iw, BLOCK_N)
+        else:
+            b_idx = _load_idx(Idx, i_t, w0, w_hi, stride_it, stride_iw, BLOCK_N)
         b_page, b_slot, m_n = _row_page_slot(
             b_idx,
             BlockTable,
@@ -469,8 +476,18 @@ def sparse_mla_ds_mla_v4_fwd_kernel(
             EXTRA_HAS_COUNTS,
             EXTRA_HAS_BT,
         )
+        # a block table keeps the in-step loop (KernelConfig.idx_ahead)
+        X_AHEAD: tl.constexpr = IDX_AHEAD and not EXTRA_HAS_BT
+        if X_AHEAD:
+            b_idx_nx = _load_idx(ExtraIdx, i_t, x_lo, x_hi, stride_xit, stride_xiw, BLOCK_N)
         for x0 in range(x_lo, x_hi, BLOCK_N):
-            b_idx = _load_idx(ExtraIdx, i_t, x0, x_hi, stride_xit, stride_xiw, BLOCK_N)
+            if X_AHEAD:
+                b_idx = b_idx_nx
+                b_idx_nx = _load_idx(
+                    ExtraIdx, i_t, x0 + BLOCK_N, x_hi, stride_xit, stride_xiw, BLOCK_N
+                )
+            else:
+                b_idx = _load_idx(ExtraIdx, i_t, x0, x_hi, stride_xit, stride_xiw, BLOCK_N)
             b_page, b_slot, m_n = _row_page_slot(
                 b_idx,
                 ExtraBlockTable,
