@@ -256,6 +256,7 @@ def test_plan_label_says_what_runs():
     split = label(h200, "fp8_ds_mla", 1, 16)
     assert " k1 " not in split + " " and "+st" in split and "-pdl" not in split
     assert label(h200, "fp8_ds_mla", 1, 16, on_gpu=False).endswith(" -pdl")
+    assert label(h200, "fp8_ds_mla", 128, 64) == "h64 n64 w8 s2 k1 +st +f16fold"
     # the split count as run: 2048 indices in 32-row steps cover at most 64 splits
     asked = KernelConfig(16, 32, 4, 2, num_splits=100)
     assert " k64 " in label(h200, "auto", 1, 16, config=asked) + " "
@@ -265,6 +266,9 @@ def test_config_label():
     assert config_label(KernelConfig(16, 32, 4, 3, 2, idx_ahead=True)) == "h16 n32 w4 s3 k2 +ia"
     cfg = KernelConfig(64, 32, 8, 2, 1, stage_dequant=True, pdl=False)
     assert config_label(cfg) == "h64 n32 w8 s2 k1 +st -pdl"
+    # the fold is a configuration field: sanitizer and tune logs name it as bench does
+    folded = KernelConfig(64, 64, 8, 2, 1, stage_dequant=True, fp16_fold=True)
+    assert config_label(folded) == "h64 n64 w8 s2 k1 +st +f16fold"
 
 
 def test_case_cost_is_the_documented_formula():

@@ -71,7 +71,8 @@ CHECK_TOKENS = 256
 def config_label(cfg: KernelConfig) -> str:
     """``h16 n64 w4 s3 k2``: heads per program, rows per step, warps, stages, splits; then
     ``+ia`` indices one step ahead, ``+st`` staged fp8 dequantization, ``-pdl`` the merge
-    launched without programmatic dependence."""
+    launched without programmatic dependence, ``+f16fold`` fp16 MMAs with the scales folded
+    into the tile (KernelConfig.fp16_fold)."""
     label = f"h{cfg.block_h} n{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages} k{cfg.num_splits}"
     if cfg.idx_ahead:
         label += " +ia"
@@ -79,6 +80,8 @@ def config_label(cfg: KernelConfig) -> str:
         label += " +st"
     if cfg.pdl is False:
         label += " -pdl"
+    if cfg.fp16_fold:
+        label += " +f16fold"
     return label
 
 
@@ -91,8 +94,7 @@ def plan_label(plan: LaunchPlan) -> str:
     split count actually used), then for e4m3 caches ``+int`` where the bytes are decoded with
     integer arithmetic (sm80/86, AMD), ``+pk`` / ``+pknm`` where that decode is packed
     (KernelConfig.e4m3_decode "packed" / "packed-nomask"), ``+qmma`` where the MMAs take q's
-    dtype instead of fp16 (heuristics.fp16_mma_for) and ``+f16fold`` where the scaled formats'
-    fp16 MMAs take the scales folded into the tile (KernelConfig.fp16_fold)."""
+    dtype instead of fp16 (heuristics.fp16_mma_for)."""
     # "-pdl" only where a merge runs without programmatic dependent launch
     pdl = None if plan.merge is None or plan.merge.pdl else False
     label = config_label(dataclasses.replace(plan.config, pdl=pdl))
@@ -102,8 +104,6 @@ def plan_label(plan: LaunchPlan) -> str:
             label += " +int" + PACKED_LABELS.get(plan.config.e4m3_decode, "")
         if not c["MMA_FP16"]:
             label += " +qmma"
-        if c.get("FOLD_FP16"):
-            label += " +f16fold"
     return label
 
 
