@@ -199,14 +199,17 @@ CASES = {
         ValueError,
         ["idx_ahead", "block_table"],
     ),
-    "ds-mla-idx-ahead-config": (
+    "ds-mla-bt-idx-ahead-config": (
         dict(
             kv_cache=u8(N, 656),
             kv_format="fp8_ds_mla",
+            block_table=i32(2, 4),
+            req_ids=i32(T),
+            block_size=64,
             config=KernelConfig(16, 32, 4, 3, idx_ahead=True),
         ),
         ValueError,
-        ["idx_ahead", "fp8_ds_mla"],
+        ["idx_ahead", "block_table", "fp8_ds_mla"],
     ),
     "stage-dequant-latent-config": (
         dict(config=KernelConfig(16, 32, 4, 2, stage_dequant=True)),
