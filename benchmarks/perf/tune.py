@@ -59,12 +59,13 @@ def staged_or_not(c: Case) -> list[KernelConfig]:
     return [dataclasses.replace(base, stage_dequant=stage) for stage in (True, False)]
 
 
-def exact_fp16_steps(cfg: KernelConfig, programs: int, width: int, arch) -> KernelConfig:
+def exact_fp16_steps(cfg: KernelConfig, c: Case, width: int, arch) -> KernelConfig:
     """fp8_ds_mla's 32-row staged tile with exact fp16 operands in place of the fold in 64-row
     steps that heuristics.folds_ds_mla_fp16 gives 64-head tiles on sm90: the form the sweeps
-    below vary from."""
+    below vary from (``width`` indices per token of case ``c``)."""
     if not cfg.fp16_fold:
         return cfg
+    programs = c.tokens * -(-c.heads // cfg.block_h)
     splits = num_splits_for(programs, width, 32, arch.num_sms, cfg.block_h)
     return dataclasses.replace(cfg, block_n=32, fp16_fold=False, num_splits=splits)
 
@@ -83,7 +84,7 @@ def v4_tiles(c: Case) -> list[KernelConfig]:
     # fp8_ds_mla's tile for the same call: the record's 32-row steps, stages and staging
     shared = exact_fp16_steps(
         choose_config(c.tokens, c.heads, width, c.dtype, "fp8_ds_mla", arch, block_table=True),
-        c.tokens * -(-c.heads // 64),
+        c,
         width,
         arch,
     )
@@ -118,7 +119,7 @@ def ds_mma_tiles(c: Case) -> list[KernelConfig]:
     with 0 / 8 B: perf-log 21); and the fp16 fold in 32-head blocks, two programs per SM."""
     arch = arch_of(torch.device("cuda"))
     base = choose_config(c.tokens, c.heads, c.topk, c.dtype, c.kv_format, arch)
-    base = exact_fp16_steps(base, c.tokens * -(-c.heads // base.block_h), c.topk, arch)
+    base = exact_fp16_steps(base, c, c.topk, arch)
     folded = dataclasses.replace(base, fp16_mma=False)
     steps = [
         dataclasses.replace(folded, stage_dequant=stage, block_n=bn)

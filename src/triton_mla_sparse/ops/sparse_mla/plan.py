@@ -261,6 +261,7 @@ def make_plan(
         BLOCK_H=cfg.block_h,
         BLOCK_N=cfg.block_n,
         FP8_NATIVE=fp8_native,
+        IDX_AHEAD=cfg.idx_ahead,
         MMA_FP16=kv_format != "auto" and dtype != torch.float32 and fp16_mma,
         HAS_COUNTS=has_counts,
         HAS_BT=has_bt,
@@ -283,12 +284,9 @@ def make_plan(
             E4M3=kv_format == "fp8",
             E4M3_DECODE=E4M3_DECODE_CONSTEXPR[cfg.e4m3_decode],
             K_SCALE_PTR=k_scale_tensor,
-            IDX_AHEAD=cfg.idx_ahead,
         )
     else:
-        constexprs = dict(
-            common, STAGE=cfg.stage_dequant, FOLD_FP16=cfg.fp16_fold, IDX_AHEAD=cfg.idx_ahead
-        )
+        constexprs = dict(common, STAGE=cfg.stage_dequant, FOLD_FP16=cfg.fp16_fold)
         if family == DS_MLA:
             constexprs["E4M3_DECODE"] = E4M3_DECODE_CONSTEXPR[cfg.e4m3_decode]
     merge = None

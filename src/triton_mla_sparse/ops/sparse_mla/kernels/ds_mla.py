@@ -23,15 +23,16 @@ import triton.language as tl
 from ...e4m3 import E4M3_PACKED_NO_MASK, _e4m3_to
 from .shared import (
     _extra_bounds,
+    _first_idx,
     _head_offsets,
     _inv_denominator_with_sink,
-    _load_idx,
     _load_q_rope,
     _out_rows,
     _program_coords,
     _row_offsets,
     _softmax_step,
     _split_bounds,
+    _step_idx,
     _store_cols,
     _store_lse,
 )
@@ -352,14 +353,11 @@ def sparse_mla_ds_mla_fwd_kernel(
     b_qx = b_q0  # stands in for the rope part of q where there is none (R == 0: unread)
     if R > 0:
         b_qx = b_qr
-    if IDX_AHEAD:
-        b_idx_nx = _load_idx(Idx, i_t, w_lo, w_hi, stride_it, stride_iw, BLOCK_N)
+    b_idx_nx = _first_idx(Idx, i_t, w_lo, w_hi, stride_it, stride_iw, BLOCK_N, IDX_AHEAD)
     for w0 in range(w_lo, w_hi, BLOCK_N):
-        if IDX_AHEAD:
-            b_idx = b_idx_nx
-            b_idx_nx = _load_idx(Idx, i_t, w0 + BLOCK_N, w_hi, stride_it, stride_iw, BLOCK_N)
-        else:
-            b_idx = _load_idx(Idx, i_t, w0, w_hi, stride_it, stride_iw, BLOCK_N)
+        b_idx, b_idx_nx = _step_idx(
+            Idx, i_t, w0, w_hi, stride_it, stride_iw, b_idx_nx, BLOCK_N, IDX_AHEAD
+        )
         o_row, m_n = _row_offsets(
             b_idx,
             BlockTable,
@@ -446,16 +444,11 @@ def sparse_mla_ds_mla_fwd_kernel(
         )
         # a block table keeps the in-step loop (KernelConfig.idx_ahead)
         X_AHEAD: tl.constexpr = IDX_AHEAD and not EXTRA_HAS_BT
-        if X_AHEAD:
-            b_idx_nx = _load_idx(ExtraIdx, i_t, x_lo, x_hi, stride_xit, stride_xiw, BLOCK_N)
+        b_idx_nx = _first_idx(ExtraIdx, i_t, x_lo, x_hi, stride_xit, stride_xiw, BLOCK_N, X_AHEAD)
         for x0 in range(x_lo, x_hi, BLOCK_N):
-            if X_AHEAD:
-                b_idx = b_idx_nx
-                b_idx_nx = _load_idx(
-                    ExtraIdx, i_t, x0 + BLOCK_N, x_hi, stride_xit, stride_xiw, BLOCK_N
-                )
-            else:
-                b_idx = _load_idx(ExtraIdx, i_t, x0, x_hi, stride_xit, stride_xiw, BLOCK_N)
+            b_idx, b_idx_nx = _step_idx(
+                ExtraIdx, i_t, x0, x_hi, stride_xit, stride_xiw, b_idx_nx, BLOCK_N, X_AHEAD
+            )
             o_row, m_n = _row_offsets(
                 b_idx,
                 ExtraBlockTable,

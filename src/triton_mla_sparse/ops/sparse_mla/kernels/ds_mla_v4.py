@@ -28,14 +28,15 @@ import triton.language as tl
 from ...e4m3 import _e4m3_to
 from .shared import (
     _extra_bounds,
+    _first_idx,
     _head_offsets,
     _inv_denominator_with_sink,
-    _load_idx,
     _out_rows,
     _program_coords,
     _row_page_slot,
     _softmax_step,
     _split_bounds,
+    _step_idx,
     _store_cols,
     _store_lse,
 )
@@ -406,14 +407,11 @@ def sparse_mla_ds_mla_v4_fwd_kernel(
     i_req, w_lo, w_hi = _split_bounds(
         Counts, ReqIds, i_t, i_s, W, split_len, stride_ct, stride_rq, HAS_COUNTS, HAS_BT
     )
-    if IDX_AHEAD:
-        b_idx_nx = _load_idx(Idx, i_t, w_lo, w_hi, stride_it, stride_iw, BLOCK_N)
+    b_idx_nx = _first_idx(Idx, i_t, w_lo, w_hi, stride_it, stride_iw, BLOCK_N, IDX_AHEAD)
     for w0 in range(w_lo, w_hi, BLOCK_N):
-        if IDX_AHEAD:
-            b_idx = b_idx_nx
-            b_idx_nx = _load_idx(Idx, i_t, w0 + BLOCK_N, w_hi, stride_it, stride_iw, BLOCK_N)
-        else:
-            b_idx = _load_idx(Idx, i_t, w0, w_hi, stride_it, stride_iw, BLOCK_N)
+        b_idx, b_idx_nx = _step_idx(
+            Idx, i_t, w0, w_hi, stride_it, stride_iw, b_idx_nx, BLOCK_N, IDX_AHEAD
+        )
         b_page, b_slot, m_n = _row_page_slot(
             b_idx,
             BlockTable,
@@ -478,16 +476,11 @@ def sparse_mla_ds_mla_v4_fwd_kernel(
         )
         # a block table keeps the in-step loop (KernelConfig.idx_ahead)
         X_AHEAD: tl.constexpr = IDX_AHEAD and not EXTRA_HAS_BT
-        if X_AHEAD:
-            b_idx_nx = _load_idx(ExtraIdx, i_t, x_lo, x_hi, stride_xit, stride_xiw, BLOCK_N)
+        b_idx_nx = _first_idx(ExtraIdx, i_t, x_lo, x_hi, stride_xit, stride_xiw, BLOCK_N, X_AHEAD)
         for x0 in range(x_lo, x_hi, BLOCK_N):
-            if X_AHEAD:
-                b_idx = b_idx_nx
-                b_idx_nx = _load_idx(
-                    ExtraIdx, i_t, x0 + BLOCK_N, x_hi, stride_xit, stride_xiw, BLOCK_N
-                )
-            else:
-                b_idx = _load_idx(ExtraIdx, i_t, x0, x_hi, stride_xit, stride_xiw, BLOCK_N)
+            b_idx, b_idx_nx = _step_idx(
+                ExtraIdx, i_t, x0, x_hi, stride_xit, stride_xiw, b_idx_nx, BLOCK_N, X_AHEAD
+            )
             b_page, b_slot, m_n = _row_page_slot(
                 b_idx,
                 ExtraBlockTable,

@@ -12,6 +12,7 @@ import triton.language as tl
 from ...e4m3 import _e4m3_to
 from .shared import (
     _extra_bounds,
+    _first_idx,
     _head_offsets,
     _inv_denominator_with_sink,
     _load_idx,
@@ -21,6 +22,7 @@ from .shared import (
     _row_offsets,
     _softmax_step,
     _split_bounds,
+    _step_idx,
     _store_cols,
     _store_lse,
 )
@@ -197,18 +199,15 @@ def sparse_mla_latent_fwd_kernel(
     p_qn = Q_nope + i_t * stride_qnt + o_h64[:, None] * stride_qnh + o_l[None, :] * stride_qnd
     b_qn = tl.load(p_qn, mask=m_h[:, None], other=0.0).to(dtype)  # [BLOCK_H, L]
     b_acc = tl.zeros([BLOCK_H, L], dtype=tl.float32)
-    if IDX_AHEAD:
-        # Each step's indices are loaded one step earlier, so the gather's addresses never wait
-        # on a load of the same step: Triton's pipeliner then double-buffers the gather (with
-        # num_stages >= 3) and the next rows stream in while this step is multiplied. Costs
-        # registers: 64-head tiles spill with it.
-        b_idx_nx = _load_idx(Idx, i_t, w_lo, w_hi, stride_it, stride_iw, BLOCK_N)
+    # With IDX_AHEAD each step's indices are loaded one step earlier, so the gather's addresses
+    # never wait on a load of the same step: Triton's pipeliner then double-buffers the gather
+    # (with num_stages >= 3) and the next rows stream in while this step is multiplied. Costs
+    # registers: 64-head tiles spill with it.
+    b_idx_nx = _first_idx(Idx, i_t, w_lo, w_hi, stride_it, stride_iw, BLOCK_N, IDX_AHEAD)
     for w0 in range(w_lo, w_hi, BLOCK_N):
-        if IDX_AHEAD:
-            b_idx = b_idx_nx
-            b_idx_nx = _load_idx(Idx, i_t, w0 + BLOCK_N, w_hi, stride_it, stride_iw, BLOCK_N)
-        else:
-            b_idx = _load_idx(Idx, i_t, w0, w_hi, stride_it, stride_iw, BLOCK_N)
+        b_idx, b_idx_nx = _step_idx(
+            Idx, i_t, w0, w_hi, stride_it, stride_iw, b_idx_nx, BLOCK_N, IDX_AHEAD
+        )
         o_row, m_n = _row_offsets(
             b_idx,
             BlockTable,

@@ -84,6 +84,31 @@ def _load_idx(Idx, i_t, w0, w_hi, stride_it, stride_iw, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
+def _first_idx(
+    Idx, i_t, w_lo, w_hi, stride_it, stride_iw, BLOCK_N: tl.constexpr, AHEAD: tl.constexpr
+):
+    # what a gather loop carries into its first step: that step's indices when they are loaded
+    # a step ahead (AHEAD), else a placeholder the loop never reads
+    if AHEAD:
+        return _load_idx(Idx, i_t, w_lo, w_hi, stride_it, stride_iw, BLOCK_N)
+    else:
+        return tl.full([BLOCK_N], -1, tl.int32)
+
+
+@triton.jit
+def _step_idx(
+    Idx, i_t, w0, w_hi, stride_it, stride_iw, b_idx_nx, BLOCK_N: tl.constexpr, AHEAD: tl.constexpr
+):
+    # (gather step w0's indices, what the loop carries into the next step): with AHEAD the
+    # indices loaded one step earlier, and the next step's loaded now, so that the gather's
+    # addresses never wait on a load of the same step; else loaded in the step
+    if AHEAD:
+        return b_idx_nx, _load_idx(Idx, i_t, w0 + BLOCK_N, w_hi, stride_it, stride_iw, BLOCK_N)
+    else:
+        return _load_idx(Idx, i_t, w0, w_hi, stride_it, stride_iw, BLOCK_N), b_idx_nx
+
+
+@triton.jit
 def _row_page_slot(
     b_idx,
     BlockTable,
