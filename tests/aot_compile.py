@@ -176,7 +176,7 @@ def _record(job: dict) -> list:
     out = torch.zeros(T, H, L, dtype=dtype)
     lse = torch.zeros(T, H, dtype=torch.float32) if job["store_lse"] else None
     flags = {}
-    for flag in ("stage_dequant", "idx_ahead"):
+    for flag in ("stage_dequant", "idx_ahead", "gluon"):
         if job.get(flag):
             flags[flag] = True
     if "fp16_mma" in job:
@@ -285,9 +285,10 @@ def _source(fn, args, kwargs):
             constexprs[p.name] = spec
         elif isinstance(spec, str) and "D" in spec:
             attrs[(i,)] = [["tt.divisibility", 16]]
-    return triton.compiler.ASTSource(
-        fn=fn, signature=signature, constexprs=constexprs, attrs=attrs
-    ), options
+    source = triton.compiler.ASTSource
+    if type(fn).__name__.startswith("Gluon"):  # a @gluon.jit kernel
+        from triton.experimental.gluon._runtime import GluonASTSource as source
+    return source(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs), options
 
 
 def _dump_asm(job: dict, compiled, nth: int) -> None:

@@ -180,6 +180,16 @@ def ahead_tiles(c: Case) -> list[KernelConfig]:
     return out
 
 
+def gluon_tiles(c: Case) -> list[KernelConfig]:
+    """fp8_ds_mla's sm90 kernel in Gluon (KernelConfig.gluon: gathers a step ahead in a two-slot
+    ring, one wait per MMA chain) in the default's 64 x 64 tile and split count."""
+    arch = arch_of(torch.device("cuda"))
+    base = choose_config(c.tokens, c.heads, c.topk, c.dtype, c.kv_format, arch)
+    if not (base.fp16_fold and base.block_h == 64 and base.block_n == 64):
+        return []
+    return [dataclasses.replace(base, gluon=True, num_stages=1, idx_ahead=False)]
+
+
 def grid(block_h, block_n, warps, stages, splits, **extra):
     combos = itertools.product(block_h, block_n, warps, stages, splits)
     return [KernelConfig(*c, **extra) for c in combos]
@@ -297,6 +307,16 @@ SWEEPS = {
     # DeepSeek-V4 decode as `bench --model deepseek-v4` runs it (584-byte record, window 128 +
     # compressed top-k 512, sink, 64 heads): head blocks, warps, staging, MMA dtype
     "v4": ([deepseek_v4_case(t, 64) for t in (1, 16, 64, 128)], v4_tiles),
+    # fp8_ds_mla's Gluon kernel for sm90 beside the Triton kernel's default tile
+    "gluon": (
+        [
+            Case(f"decode T={t} H={h}", t, h, kv_format="fp8_ds_mla")
+            for t in (128, 64, 16, 1)
+            for h in (64, 128)
+        ]
+        + [Case("prefill T=4096 H=64", 4096, 64, rows=65536, kv_format="fp8_ds_mla")],
+        gluon_tiles,
+    ),
     # fp8_ds_mla and DeepSeek-V4 in 64-head folded tiles: indices a step ahead or not
     "ahead": (
         [

@@ -31,6 +31,8 @@ LATENT = "latent"  # a plain [L + R] row: q's dtype ("auto") or per-tensor e4m3 
 DS_MLA = "ds_mla"  # fp8_ds_mla: four scaled e4m3 chunks + bf16 rope
 DS_MLA_V4 = "ds_mla_v4"  # fp8_ds_mla_v4: DeepSeek-V4's paged record, seven scaled chunks + rope
 FAMILY_OF = {"auto": LATENT, "fp8": LATENT, "fp8_ds_mla": DS_MLA, "fp8_ds_mla_v4": DS_MLA_V4}
+# fp8_ds_mla's sm90 kernel in Gluon (KernelConfig.gluon): DS_MLA's arguments and constexprs
+DS_MLA_GLUON = "ds_mla_sm90_gluon"
 
 # The merge holds all splits of BLOCK_L output columns in one [S_PAD, BLOCK_L] fp32 tile: about
 # MERGE_TILE_ELEMENTS of them (32 a thread at its 4 warps), so the more splits the narrower the
@@ -102,6 +104,50 @@ class LaunchPlan:
     @property
     def num_splits(self) -> int:
         return self.config.num_splits
+
+
+def _check_gluon(
+    cfg: KernelConfig,
+    kv_format: str,
+    arch,
+    latent: int,
+    has_bt: bool,
+    has_extra: bool,
+    on_gpu: bool,
+) -> None:
+    """Refuse a Gluon launch the kernel does not implement (kernels/ds_mla_sm90_gluon.py)."""
+    wanted = dict(
+        kv_format="fp8_ds_mla",
+        target="cuda:90",
+        block_h=64,
+        block_n=64,
+        num_warps=8,
+        fp16_fold=True,
+        fp8_native=True,
+        latent=512,
+        block_table=False,
+        extra_set=False,
+        on_gpu=True,
+    )
+    got = dict(
+        kv_format=kv_format,
+        target=f"{arch.backend}:{arch.cc}",
+        block_h=cfg.block_h,
+        block_n=cfg.block_n,
+        num_warps=cfg.num_warps,
+        fp16_fold=cfg.fp16_fold,
+        fp8_native=cfg.fp8_native,
+        latent=latent,
+        block_table=has_bt,
+        extra_set=has_extra,
+        on_gpu=on_gpu,  # Triton's interpreter runs no Gluon kernel
+    )
+    bad = {k: v for k, v in got.items() if wanted[k] != v}
+    if bad:
+        raise ValueError(
+            f"config {cfg} asks for the Gluon kernel (gluon=True), which runs only {wanted}; "
+            f"this call has {bad}"
+        )
 
 
 def check_config(cfg: KernelConfig, kv_format: str, has_bt: bool) -> None:
@@ -253,6 +299,9 @@ def make_plan(
         ),
     )
     check_e4m3_decode(cfg, arch, on_gpu)
+    if cfg.gluon:
+        _check_gluon(cfg, kv_format, arch, latent, has_bt, has_extra, on_gpu)
+        family = DS_MLA_GLUON
     num_hb = -(-num_heads // cfg.block_h)
     bt_block_size = block_size if has_bt else 1
     common = dict(
@@ -287,7 +336,7 @@ def make_plan(
         )
     else:
         constexprs = dict(common, STAGE=cfg.stage_dequant, FOLD_FP16=cfg.fp16_fold)
-        if family == DS_MLA:
+        if family in (DS_MLA, DS_MLA_GLUON):
             constexprs["E4M3_DECODE"] = E4M3_DECODE_CONSTEXPR[cfg.e4m3_decode]
     merge = None
     if split:

@@ -1,0 +1,391 @@
+"""fp8_ds_mla decode on sm90 in Gluon: 64 heads, 64-row steps, the gather one step ahead.
+
+The Triton kernel (ds_mla.py) leaves the schedule to Triton, which issues each step's gathers
+after the step's last MMA and waits for each of its nine wgmmas before the next
+(docs/perf-log/26-idx-ahead-sass.txt). Here the schedule is written out, in one partition of two
+warpgroups:
+
+- the rows of step i + 1 (e4m3 bytes, the four fp32 scales, the bf16 rope) are gathered with
+  cp.async into the other half of a two-slot ring while step i is dequantized and multiplied;
+- step i's bytes are dequantized once into an fp16 K tile in shared memory, relative to the
+  step's largest scale (KernelConfig.fp16_fold's numerics: e4m3 x (scale / reference) formed in
+  fp32, one rounding to fp16);
+- QK^T is two asynchronous wgmma chains (the 512 NoPE columns in fp16, the 64 rope columns in
+  bf16 straight from the ring) and one wait; PV one chain into the [64, 512] accumulator and
+  one wait.
+
+The runtime argument list is the Triton kernel's (launch.py passes the same arguments); the
+variants it does not implement (block tables, an extra index set, the integer e4m3 decode,
+other tiles) are refused by plan.check_config before any launch.
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+# cp.async into shared memory: async_load from Triton 3.8 on, async_copy_global_to_shared in 3.6
+_ASYNC_LOAD = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+# the CTA barrier: barrier from Triton 3.8 on, thread_barrier in 3.6
+_BARRIER = getattr(gl, "barrier", None) or gl.thread_barrier
+
+ROW_BYTES = gl.constexpr(656)  # 512 e4m3, 4 fp32 scales, 64 bf16 rope values
+SCALE_OFFSET = gl.constexpr(512)
+ROPE_OFFSET = gl.constexpr(528)
+NUM_CHUNKS = gl.constexpr(4)  # 128-wide NoPE chunks, one scale each
+
+
+@gluon.jit
+def _gather(
+    KV,
+    Idx,
+    i_t,
+    w0,
+    w_hi,
+    stride_it,
+    stride_iw,
+    num_rows,
+    page_size,
+    stride_kb,
+    nope_slot,
+    scale_slot,
+    rope_slot,
+    BLOCK_N: gl.constexpr,
+    L: gl.constexpr,
+    R: gl.constexpr,
+    PAGE_SHIFT: gl.constexpr,
+    NOPE_LAYOUT: gl.constexpr,
+    SCALE_LAYOUT: gl.constexpr,
+    ROPE_LAYOUT: gl.constexpr,
+):
+    # cp.async of rows [w0, w0 + BLOCK_N) of token i_t's list into one ring slot (masked rows and
+    # positions past w_hi read nothing and are zero-filled)
+    idx_layout: gl.constexpr = gl.SliceLayout(1, NOPE_LAYOUT)
+    o_w = w0 + gl.arange(0, BLOCK_N, layout=idx_layout)
+    m_w = o_w < w_hi
+    b_idx = gl.load(Idx + i_t * stride_it + o_w * stride_iw, mask=m_w, other=-1)
+    m_n = (b_idx >= 0) & (b_idx < num_rows)
+    b_idx = gl.where(m_n, b_idx, 0)
+    if PAGE_SHIFT >= 0:
+        b_page = b_idx >> PAGE_SHIFT
+        b_slot = b_idx & ((1 << PAGE_SHIFT) - 1)
+    else:
+        b_page = b_idx // page_size
+        b_slot = b_idx - b_page * page_size
+    o_row = b_page.to(gl.int64) * stride_kb + b_slot.to(gl.int64) * ROW_BYTES
+
+    o_c = gl.arange(0, L, layout=gl.SliceLayout(0, NOPE_LAYOUT))
+    p_nope = KV + o_row[:, None] + o_c[None, :]
+    _ASYNC_LOAD(nope_slot, p_nope, mask=m_n[:, None] & (o_c < L)[None, :])
+
+    o_row_s = gl.convert_layout(o_row, gl.SliceLayout(1, SCALE_LAYOUT))
+    m_n_s = gl.convert_layout(m_n, gl.SliceLayout(1, SCALE_LAYOUT))
+    o_g = gl.arange(0, NUM_CHUNKS, layout=gl.SliceLayout(0, SCALE_LAYOUT))
+    p_sc = (KV + o_row_s[:, None] + SCALE_OFFSET).to(gl.pointer_type(gl.float32)) + o_g[None, :]
+    _ASYNC_LOAD(scale_slot, p_sc, mask=m_n_s[:, None] & (o_g < NUM_CHUNKS)[None, :])
+
+    if R > 0:
+        o_row_r = gl.convert_layout(o_row, gl.SliceLayout(1, ROPE_LAYOUT))
+        m_n_r = gl.convert_layout(m_n, gl.SliceLayout(1, ROPE_LAYOUT))
+        o_r = gl.arange(0, R, layout=gl.SliceLayout(0, ROPE_LAYOUT))
+        p_rope = (KV + o_row_r[:, None] + ROPE_OFFSET).to(gl.pointer_type(gl.bfloat16)) + o_r[
+            None, :
+        ]
+        _ASYNC_LOAD(rope_slot, p_rope, mask=m_n_r[:, None] & (o_r < R)[None, :])
+
+
+@gluon.jit
+def sparse_mla_ds_mla_sm90_gluon_kernel(
+    Q_nope,
+    Q_rope,
+    KV,
+    Idx,
+    Counts,
+    BlockTable,
+    ReqIds,
+    KScale,
+    Out,
+    Lse,
+    OPart,
+    LsePart,
+    Sink,
+    sm_scale,
+    k_scale_val,
+    H,
+    W,
+    num_rows,
+    page_size,
+    split_len,
+    num_splits,
+    num_hb,
+    stride_qnt,
+    stride_qnh,
+    stride_qnd,
+    stride_qrt,
+    stride_qrh,
+    stride_qrd,
+    stride_kb,
+    stride_kr,
+    stride_kd,
+    stride_it,
+    stride_iw,
+    stride_btr,
+    stride_btb,
+    stride_ct,
+    stride_rq,
+    bt_block_size,
+    bt_max_blocks,
+    stride_ot,
+    stride_oh,
+    stride_od,
+    stride_sink,
+    ExtraKV,
+    ExtraIdx,
+    ExtraCounts,
+    ExtraBlockTable,
+    extra_width,
+    extra_offset,
+    extra_num_rows,
+    extra_page_size,
+    stride_xkb,
+    stride_xkr,
+    stride_xkd,
+    stride_xit,
+    stride_xiw,
+    stride_xbtr,
+    stride_xbtb,
+    stride_xct,
+    extra_bt_block_size,
+    extra_bt_max_blocks,
+    L: gl.constexpr,
+    R: gl.constexpr,
+    BLOCK_H: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    FP8_NATIVE: gl.constexpr,
+    MMA_FP16: gl.constexpr,
+    FOLD_FP16: gl.constexpr,
+    STAGE: gl.constexpr,
+    E4M3_DECODE: gl.constexpr,
+    IDX_AHEAD: gl.constexpr,
+    HAS_COUNTS: gl.constexpr,
+    HAS_BT: gl.constexpr,
+    BT_SHIFT: gl.constexpr,
+    PAGE_SHIFT: gl.constexpr,
+    SPLIT: gl.constexpr,
+    STORE_LSE: gl.constexpr,
+    DOT_PRECISION: gl.constexpr,
+    PDL: gl.constexpr,
+    HAS_SINK: gl.constexpr,
+    HAS_EXTRA: gl.constexpr,
+    EXTRA_HAS_COUNTS: gl.constexpr,
+    EXTRA_HAS_BT: gl.constexpr,
+    EXTRA_BT_SHIFT: gl.constexpr,
+    EXTRA_PAGE_SHIFT: gl.constexpr,
+):
+    gl.static_assert(BLOCK_H == 64 and BLOCK_N == 64 and L == 512, "the 64 x 64 tile only")
+    gl.static_assert(FOLD_FP16 and FP8_NATIVE, "fp16 MMAs with folded scales, native e4m3")
+    gl.static_assert(not HAS_BT and not HAS_EXTRA, "no block table, no extra set")
+    LOG2E: gl.constexpr = 1.4426950408889634
+
+    # register layouts (8 warps): S [64 heads, 64 keys] computed by both warpgroups alike, as
+    # Triton lays out this tile's QK^T; O [64, 512] split by columns between the warpgroups
+    S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[8, 1], instr_shape=[16, 64, 16]
+    )
+    O_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16]
+    )
+    P_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2)
+    NOPE_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 16], [2, 16], [8, 1], [1, 0])
+    SCALE_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 1], [8, 4], [8, 1], [1, 0])
+    ROPE_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0])
+    DQ_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [8, 1], [1, 0])
+    Q_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [8, 1], [1, 0])
+    # shared layouts: MMA operands swizzled for wgmma, the raw bytes plain
+    MMA_SMEM: gl.constexpr = gl.NVMMASharedLayout(
+        swizzle_byte_width=128, element_bitwidth=16, rank=2
+    )
+    RAW_SMEM: gl.constexpr = gl.SwizzledSharedLayout(vec=16, per_phase=1, max_phase=1, order=[1, 0])
+    SCALE_SMEM: gl.constexpr = gl.SwizzledSharedLayout(
+        vec=4, per_phase=1, max_phase=1, order=[1, 0]
+    )
+
+    i_p = gl.program_id(0)
+    i_hb = i_p % num_hb
+    i_ts = i_p // num_hb
+    i_s = i_ts % num_splits
+    i_t = (i_ts // num_splits).to(gl.int64)
+
+    # q: NoPE part in fp16 (the folded tile's MMA type), rope part as it is (bf16)
+    o_hq = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, Q_LAYOUT))
+    m_hq = o_hq < H
+    o_lq = gl.arange(0, L, layout=gl.SliceLayout(0, Q_LAYOUT))
+    p_q = Q_nope + i_t * stride_qnt + o_hq.to(gl.int64)[:, None] * stride_qnh
+    b_q = gl.load(p_q + o_lq[None, :] * stride_qnd, mask=m_hq[:, None], other=0.0)
+    q_s = gl.allocate_shared_memory(gl.float16, [BLOCK_H, L], MMA_SMEM, b_q.to(gl.float16))
+    if R > 0:
+        o_rq = gl.arange(0, R, layout=gl.SliceLayout(0, Q_LAYOUT))
+        p_qr = Q_rope + i_t * stride_qrt + o_hq.to(gl.int64)[:, None] * stride_qrh
+        b_qr = gl.load(p_qr + o_rq[None, :] * stride_qrd, mask=m_hq[:, None], other=0.0)
+        qr_s = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, R], MMA_SMEM, b_qr)
+
+    # the ring (two slots) and the dequantized K tile
+    nope_ring = gl.allocate_shared_memory(gl.uint8, [2, BLOCK_N, L], RAW_SMEM)
+    scale_ring = gl.allocate_shared_memory(gl.float32, [2, BLOCK_N, NUM_CHUNKS], SCALE_SMEM)
+    rope_ring = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, 64], MMA_SMEM)
+    k_s = gl.allocate_shared_memory(gl.float16, [BLOCK_N, L], MMA_SMEM)
+
+    w_end = W
+    if HAS_COUNTS:
+        w_end = gl.minimum(gl.load(Counts + i_t * stride_ct), W)
+    w_lo = i_s * split_len
+    w_hi = gl.minimum(w_lo + split_len, w_end)
+    n_steps = gl.cdiv(gl.maximum(w_hi - w_lo, 0), BLOCK_N)
+    qk_scale = sm_scale * LOG2E
+
+    b_m = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
+    b_l = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
+    b_o = gl.zeros([BLOCK_H, L], gl.float32, layout=O_LAYOUT)
+    b_ref = 1.0
+
+    _gather(
+        KV,
+        Idx,
+        i_t,
+        w_lo,
+        w_hi,
+        stride_it,
+        stride_iw,
+        num_rows,
+        page_size,
+        stride_kb,
+        nope_ring.index(0),
+        scale_ring.index(0),
+        rope_ring.index(0),
+        BLOCK_N,
+        L,
+        R,
+        PAGE_SHIFT,
+        NOPE_LAYOUT,
+        SCALE_LAYOUT,
+        ROPE_LAYOUT,
+    )
+    async_copy.commit_group()
+    for i_step in range(n_steps):
+        slot = i_step % 2
+        w0 = w_lo + i_step * BLOCK_N
+        # every thread is past its reads of the other slot (the previous step) before it refills
+        _BARRIER()
+        _gather(
+            KV,
+            Idx,
+            i_t,
+            w0 + BLOCK_N,
+            w_hi,
+            stride_it,
+            stride_iw,
+            num_rows,
+            page_size,
+            stride_kb,
+            nope_ring.index(1 - slot),
+            scale_ring.index(1 - slot),
+            rope_ring.index(1 - slot),
+            BLOCK_N,
+            L,
+            R,
+            PAGE_SHIFT,
+            NOPE_LAYOUT,
+            SCALE_LAYOUT,
+            ROPE_LAYOUT,
+        )
+        async_copy.commit_group()
+        async_copy.wait_group(1)  # this step's rows are in
+        _BARRIER()
+
+        # the step's scales: its largest is the reference the tile is dequantized against
+        b_sc = scale_ring.index(slot).load(SCALE_LAYOUT)
+        b_cmax = gl.max(gl.max(b_sc, 1), 0)
+        b_ref_new = gl.where(b_cmax > 0.0, b_cmax, 1.0)
+        b_rel = b_sc / b_ref_new
+        o_g = gl.arange(0, NUM_CHUNKS, layout=gl.SliceLayout(0, SCALE_LAYOUT))
+        for c in gl.static_range(NUM_CHUNKS):
+            b_rel_c = gl.sum(gl.where((o_g == c)[None, :], b_rel, 0.0), 1)
+            b_rel_c = gl.convert_layout(b_rel_c, gl.SliceLayout(1, DQ_LAYOUT))
+            b_k8 = nope_ring.index(slot).slice(c * 128, 128, dim=1).load(DQ_LAYOUT)
+            b_f = b_k8.to(gl.float8e4nv, bitcast=True).to(gl.float32)
+            k_s.slice(c * 128, 128, dim=1).store((b_f * b_rel_c[:, None]).to(gl.float16))
+        fence_async_shared()
+        _BARRIER()
+
+        # QK^T: the NoPE chain in fp16 (units of the reference), the rope in bf16, one wait
+        b_sn = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=S_LAYOUT)
+        b_sn = warpgroup_mma(q_s, k_s.permute((1, 0)), b_sn, use_acc=False, is_async=True)
+        if R > 0:
+            b_sr = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=S_LAYOUT)
+            b_sr = warpgroup_mma(
+                qr_s, rope_ring.index(slot).permute((1, 0)), b_sr, use_acc=False, is_async=True
+            )
+            b_sn, b_sr = warpgroup_mma_wait(num_outstanding=0, deps=(b_sn, b_sr))
+            b_s = b_sn * b_ref_new + b_sr
+        else:
+            b_sn = warpgroup_mma_wait(num_outstanding=0, deps=(b_sn,))
+            b_s = b_sn * b_ref_new
+
+        # the online softmax step over the valid rows
+        o_w = w0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))
+        b_idx = gl.load(Idx + i_t * stride_it + o_w * stride_iw, mask=o_w < w_hi, other=-1)
+        m_n = (b_idx >= 0) & (b_idx < num_rows)
+        b_s = gl.where(m_n[None, :], b_s * qk_scale, float("-inf"))
+        b_m_new = gl.maximum(b_m, gl.max(b_s, 1))
+        b_m_use = gl.where(b_m_new == float("-inf"), 0.0, b_m_new)
+        b_alpha = gl.exp2(b_m - b_m_use)
+        b_p = gl.exp2(b_s - b_m_use[:, None])
+        b_l = b_l * b_alpha + gl.sum(b_p, 1)
+        b_m = b_m_new
+        # the accumulator stays in units of the reference scale
+        b_alpha = b_alpha * (b_ref / b_ref_new)
+        b_ref = b_ref_new
+
+        # PV: one chain into O, one wait (K is rewritten only after it)
+        b_alpha_o = gl.convert_layout(b_alpha, gl.SliceLayout(1, O_LAYOUT))
+        b_o = b_o * b_alpha_o[:, None]
+        b_pd = gl.convert_layout(b_p.to(gl.float16), P_LAYOUT)
+        b_o = warpgroup_mma(b_pd, k_s, b_o, is_async=True)
+        b_o = warpgroup_mma_wait(num_outstanding=0, deps=(b_o,))
+    async_copy.wait_group(0)
+
+    # normalise; an empty (t, split) gives zeros and LSE -inf
+    o_h = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, S_LAYOUT))
+    m_h = o_h < H
+    b_nonempty = b_l > 0.0
+    b_inv = 1.0 / gl.where(b_nonempty, b_l, 1.0)
+    if HAS_SINK and not SPLIT:  # a split's partial leaves the sink to the merge
+        b_sink = gl.load(Sink + o_h * stride_sink, mask=m_h, other=float("-inf")).to(gl.float32)
+        b_m_use = gl.where(b_m == float("-inf"), 0.0, b_m)
+        b_den = b_l + gl.exp2(b_sink * LOG2E - b_m_use)
+        b_inv = gl.where(b_den > 0.0, 1.0 / gl.where(b_den > 0.0, b_den, 1.0), 0.0)
+    b_inv = b_inv * b_ref
+    b_lse = gl.where(
+        b_nonempty, (b_m + gl.log2(gl.where(b_nonempty, b_l, 1.0))) / LOG2E, float("-inf")
+    )
+    o_ho = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, O_LAYOUT))
+    m_ho = o_ho < H
+    o_lo = gl.arange(0, L, layout=gl.SliceLayout(0, O_LAYOUT))
+    b_out = b_o * gl.convert_layout(b_inv, gl.SliceLayout(1, O_LAYOUT))[:, None]
+    if SPLIT:
+        p_o = OPart + (i_ts.to(gl.int64) * H + o_ho)[:, None] * L + o_lo[None, :]
+        gl.store(p_o, b_out, mask=m_ho[:, None])
+        gl.store(LsePart + i_ts.to(gl.int64) * H + o_h, b_lse, mask=m_h)
+    else:
+        p_o = Out + i_t * stride_ot + o_ho.to(gl.int64)[:, None] * stride_oh
+        gl.store(
+            p_o + o_lo[None, :] * stride_od,
+            b_out.to(Out.dtype.element_ty),
+            mask=m_ho[:, None],
+        )
+        if STORE_LSE:
+            gl.store(Lse + i_t * H + o_h, b_lse, mask=m_h)

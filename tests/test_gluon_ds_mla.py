@@ -1,0 +1,172 @@
+"""fp8_ds_mla's sm90 kernel in Gluon (KernelConfig.gluon; kernels/ds_mla_sm90_gluon.py).
+
+Without a GPU: the plan refuses every call the kernel does not implement, and the kernel compiles
+for sm90 ahead of time under the installed Triton (tests/aot_compile.py, as tests/test_compile.py
+does for the Triton kernels), within sm90's shared memory. On an H200 (sm90): every output
+against the float64 reference with poisoned outputs and NaN rows nothing points at, -1 runs, a
+token with no valid index, valid counts, a sink, splits, paged caches, NoPE.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import DEVICE, HAS_GPU
+from test_sparse_mla import assert_matches, poison_, poison_unused_rows_
+
+from triton_mla_sparse import KernelConfig, pack_fp8_ds_mla, sparse_mla
+from triton_mla_sparse.ops.sparse_mla.heuristics import Arch, choose_config
+from triton_mla_sparse.ops.sparse_mla.plan import DS_MLA_GLUON, make_plan
+from triton_mla_sparse.reference import sparse_mla_reference
+
+SM90 = Arch("cuda", 90, 132)
+GLUON = KernelConfig(64, 64, 8, 1, stage_dequant=True, fp16_fold=True, gluon=True)
+SM90_SMEM = 232448  # bytes of shared memory a block may use on sm90
+
+
+def _plan(fmt="fp8_ds_mla", arch=SM90, config=GLUON, latent=512, on_gpu=True, **kw):
+    return make_plan(
+        num_tokens=4,
+        num_heads=64,
+        latent=latent,
+        rope=0 if fmt == "fp8_ds_mla_v4" else 64,
+        width=2048,
+        dtype=torch.bfloat16,
+        kv_format=fmt,
+        arch=arch,
+        config=config,
+        on_gpu=on_gpu,
+        **kw,
+    )
+
+
+def test_plan_names_the_gluon_family():
+    assert _plan().family == DS_MLA_GLUON
+
+
+@pytest.mark.parametrize(
+    "why, kw, word",
+    [
+        ("V4 record", dict(fmt="fp8_ds_mla_v4"), "kv_format"),
+        ("sm80", dict(arch=Arch("cuda", 80, 108)), "target"),
+        ("32-row steps", dict(config=dataclasses.replace(GLUON, block_n=32)), "block_n"),
+        ("exact fp16", dict(config=dataclasses.replace(GLUON, fp16_fold=False)), "fp16_fold"),
+        ("block table", dict(block_size=64), "block_table"),
+        ("extra set", dict(extra_width=128), "extra_set"),
+        ("interpreter", dict(on_gpu=False), "on_gpu"),
+    ],
+)
+def test_gluon_refuses_what_it_does_not_run(why, kw, word):
+    with pytest.raises(ValueError, match="gluon=True") as e:
+        _plan(**kw)
+    assert word in str(e.value), why
+
+
+def test_heuristics_never_choose_it():
+    for t in (1, 16, 128, 4096):
+        for h in (16, 64, 128):
+            assert not choose_config(t, h, 2048, torch.bfloat16, "fp8_ds_mla", SM90).gluon
+
+
+def test_gluon_kernel_compiles_for_sm90(tmp_path):
+    base = dict(
+        arch="cuda:90",
+        dtype="bf16",
+        fmt="fp8_ds_mla",
+        block_h=64,
+        block_n=64,
+        num_warps=8,
+        num_stages=1,
+        stage_dequant=True,
+        fp16_mma=True,
+        fp16_fold=True,
+        gluon=True,
+    )
+    jobs = {
+        "plain": dict(base, split=False, rope=64, has_counts=False, has_bt=False, store_lse=False),
+        "serving": dict(
+            base, split=True, rope=64, has_counts=True, has_bt=False, store_lse=True, sink=True
+        ),
+        "nope": dict(base, split=False, rope=0, has_counts=True, has_bt=False, store_lse=True),
+    }
+    here = Path(__file__).resolve().parent
+    (tmp_path / "jobs.json").write_text(json.dumps(jobs))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(here.parent / "src"), env.get("PYTHONPATH", "")])
+    subprocess.run(
+        [sys.executable, str(here / "aot_compile.py"), "jobs.json", "out.json"],
+        cwd=tmp_path,
+        env=env,
+        check=True,
+        timeout=900,
+    )
+    results = json.loads((tmp_path / "out.json").read_text())
+    for key, res in results.items():
+        kernel = res["sparse_mla_ds_mla_sm90_gluon_kernel"]
+        assert "error" not in kernel, (key, kernel)
+        assert kernel["shared"] <= SM90_SMEM, (key, kernel)
+
+
+def _cache(rows: int, page: int, g: torch.Generator) -> torch.Tensor:
+    """fp8_ds_mla rows with chunk scales over six decades, in pages of ``page`` rows."""
+    r = torch.randn(rows, 576, generator=g)
+    decades = (torch.rand(rows, 4, generator=g) * 2 - 1) * 3
+    r[:, :512] *= (10.0**decades).repeat_interleave(128, dim=1)
+    packed = pack_fp8_ds_mla(r)
+    return packed.view(rows // page, page, -1) if page > 1 else packed
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_GPU, reason="Gluon kernels run on a GPU only")
+@pytest.mark.parametrize("tokens, heads, width, splits", [(3, 64, 300, 1), (5, 128, 1000, 3)])
+@pytest.mark.parametrize("page", [1, 64, 48])
+@pytest.mark.parametrize("rope", [64, 0])
+@pytest.mark.parametrize("sink", [False, True])
+def test_gluon_matches_the_reference(tokens, heads, width, splits, page, rope, sink):
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Gluon kernel is sm90's")
+    g = torch.Generator().manual_seed(tokens * 7 + page + rope + sink)
+    rows = 48 * 64
+    cache = _cache(rows, page, g).to(DEVICE)
+    idx = torch.stack([torch.randperm(rows, generator=g)[:width] for _ in range(tokens)]).int()
+    idx[0] = -1  # a token with nothing to attend to
+    idx[1, 5:80] = -1  # a run of -1
+    idx[1, 90] = rows + 7  # out of range
+    idx = idx.to(DEVICE)
+    counts = torch.tensor([width, width - 13] + [width // 2] * (tokens - 2), dtype=torch.int32)
+    q = (torch.randn(tokens, heads, 512 + rope, generator=g) * 0.05).bfloat16().to(DEVICE)
+    kw = dict(kv_format="fp8_ds_mla", valid_counts=counts.to(DEVICE))
+    if sink:
+        s = torch.randn(heads, generator=g) * 2.0
+        s[0], s[1] = float("-inf"), float("inf")
+        kw["attn_sink"] = s.to(DEVICE)
+    ref, ref_lse = sparse_mla_reference(
+        q, cache, idx, 0.07, return_lse=True, compute_dtype=torch.float64, **kw
+    )
+    poison_unused_rows_(cache, idx, **kw)
+    cfg = dataclasses.replace(GLUON, num_splits=splits)
+    out = poison_(torch.empty(tokens, heads, 512, dtype=torch.bfloat16, device=DEVICE))
+    _, lse = sparse_mla(q, cache, idx, 0.07, return_lse=True, out=out, config=cfg, **kw)
+    assert_matches(out, lse, ref, ref_lse, torch.bfloat16)
+    assert (out[0] == 0).all() and torch.isneginf(lse[0]).all()
+
+
+def test_gluon_kernel_takes_the_launchers_arguments():
+    """launch.py passes the Triton kernel's argument list and the plan's constexprs: the Gluon
+    kernel declares the same runtime parameters in the same order, and every constexpr."""
+    from test_plan import kernel_params
+
+    from triton_mla_sparse.ops.sparse_mla import launch
+
+    plan = _plan()
+    runtime, const = kernel_params(launch.FORWARD[DS_MLA_GLUON])
+    triton_runtime, _ = kernel_params(launch.FORWARD["ds_mla"])
+    assert runtime == triton_runtime
+    assert set(plan.constexprs) == const
