@@ -176,7 +176,7 @@ def _record(job: dict) -> list:
     out = torch.zeros(T, H, L, dtype=dtype)
     lse = torch.zeros(T, H, dtype=torch.float32) if job["store_lse"] else None
     flags = {}
-    for flag in ("stage_dequant", "idx_ahead", "gluon"):
+    for flag in ("stage_dequant", "idx_ahead"):
         if job.get(flag):
             flags[flag] = True
     if "fp16_mma" in job:
@@ -185,6 +185,8 @@ def _record(job: dict) -> list:
         flags["e4m3_decode"] = job["e4m3_decode"]
     if job.get("fp16_fold"):
         flags["fp16_fold"] = True
+    if job.get("gluon"):
+        flags["gluon"] = job["gluon"]
     cfg = KernelConfig(
         job["block_h"],
         job["block_n"],

@@ -23,11 +23,12 @@ from test_sparse_mla import assert_matches, poison_, poison_unused_rows_
 
 from triton_mla_sparse import KernelConfig, pack_fp8_ds_mla, sparse_mla
 from triton_mla_sparse.ops.sparse_mla.heuristics import Arch, choose_config
-from triton_mla_sparse.ops.sparse_mla.plan import DS_MLA_GLUON, make_plan
+from triton_mla_sparse.ops.sparse_mla.plan import DS_MLA_GLUON, DS_MLA_GLUON_WS, make_plan
 from triton_mla_sparse.reference import sparse_mla_reference
 
 SM90 = Arch("cuda", 90, 132)
-GLUON = KernelConfig(64, 64, 8, 1, stage_dequant=True, fp16_fold=True, gluon=True)
+GLUON = KernelConfig(64, 64, 8, 1, stage_dequant=True, fp16_fold=True, gluon="pipelined")
+FORMS = ("pipelined", "specialized")
 SM90_SMEM = 232448  # bytes of shared memory a block may use on sm90
 
 
@@ -49,6 +50,7 @@ def _plan(fmt="fp8_ds_mla", arch=SM90, config=GLUON, latent=512, on_gpu=True, **
 
 def test_plan_names_the_gluon_family():
     assert _plan().family == DS_MLA_GLUON
+    assert _plan(config=dataclasses.replace(GLUON, gluon="specialized")).family == DS_MLA_GLUON_WS
 
 
 @pytest.mark.parametrize(
@@ -61,10 +63,11 @@ def test_plan_names_the_gluon_family():
         ("block table", dict(block_size=64), "block_table"),
         ("extra set", dict(extra_width=128), "extra_set"),
         ("interpreter", dict(on_gpu=False), "on_gpu"),
+        ("unknown form", dict(config=dataclasses.replace(GLUON, gluon="tma")), "pipelined"),
     ],
 )
 def test_gluon_refuses_what_it_does_not_run(why, kw, word):
-    with pytest.raises(ValueError, match="gluon=True") as e:
+    with pytest.raises(ValueError, match="gluon=") as e:
         _plan(**kw)
     assert word in str(e.value), why
 
@@ -72,7 +75,7 @@ def test_gluon_refuses_what_it_does_not_run(why, kw, word):
 def test_heuristics_never_choose_it():
     for t in (1, 16, 128, 4096):
         for h in (16, 64, 128):
-            assert not choose_config(t, h, 2048, torch.bfloat16, "fp8_ds_mla", SM90).gluon
+            assert choose_config(t, h, 2048, torch.bfloat16, "fp8_ds_mla", SM90).gluon is None
 
 
 def test_gluon_kernel_compiles_for_sm90(tmp_path):
@@ -87,15 +90,19 @@ def test_gluon_kernel_compiles_for_sm90(tmp_path):
         stage_dequant=True,
         fp16_mma=True,
         fp16_fold=True,
-        gluon=True,
     )
-    jobs = {
-        "plain": dict(base, split=False, rope=64, has_counts=False, has_bt=False, store_lse=False),
-        "serving": dict(
-            base, split=True, rope=64, has_counts=True, has_bt=False, store_lse=True, sink=True
-        ),
-        "nope": dict(base, split=False, rope=0, has_counts=True, has_bt=False, store_lse=True),
-    }
+    jobs = {}
+    for form in FORMS:
+        b = dict(base, gluon=form)
+        jobs[f"{form}-plain"] = dict(
+            b, split=False, rope=64, has_counts=False, has_bt=False, store_lse=False
+        )
+        jobs[f"{form}-serving"] = dict(
+            b, split=True, rope=64, has_counts=True, has_bt=False, store_lse=True, sink=True
+        )
+        jobs[f"{form}-nope"] = dict(
+            b, split=False, rope=0, has_counts=True, has_bt=False, store_lse=True
+        )
     here = Path(__file__).resolve().parent
     (tmp_path / "jobs.json").write_text(json.dumps(jobs))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -109,7 +116,8 @@ def test_gluon_kernel_compiles_for_sm90(tmp_path):
     )
     results = json.loads((tmp_path / "out.json").read_text())
     for key, res in results.items():
-        kernel = res["sparse_mla_ds_mla_sm90_gluon_kernel"]
+        name = "sparse_mla_ds_mla_sm90_gluon_" + ("ws_kernel" if "specialized" in key else "kernel")
+        kernel = res[name]
         assert "error" not in kernel, (key, kernel)
         assert kernel["shared"] <= SM90_SMEM, (key, kernel)
 
@@ -125,11 +133,12 @@ def _cache(rows: int, page: int, g: torch.Generator) -> torch.Tensor:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_GPU, reason="Gluon kernels run on a GPU only")
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("tokens, heads, width, splits", [(3, 64, 300, 1), (5, 128, 1000, 3)])
 @pytest.mark.parametrize("page", [1, 64, 48])
 @pytest.mark.parametrize("rope", [64, 0])
 @pytest.mark.parametrize("sink", [False, True])
-def test_gluon_matches_the_reference(tokens, heads, width, splits, page, rope, sink):
+def test_gluon_matches_the_reference(form, tokens, heads, width, splits, page, rope, sink):
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Gluon kernel is sm90's")
     g = torch.Generator().manual_seed(tokens * 7 + page + rope + sink)
@@ -151,7 +160,7 @@ def test_gluon_matches_the_reference(tokens, heads, width, splits, page, rope, s
         q, cache, idx, 0.07, return_lse=True, compute_dtype=torch.float64, **kw
     )
     poison_unused_rows_(cache, idx, **kw)
-    cfg = dataclasses.replace(GLUON, num_splits=splits)
+    cfg = dataclasses.replace(GLUON, num_splits=splits, gluon=form)
     out = poison_(torch.empty(tokens, heads, 512, dtype=torch.bfloat16, device=DEVICE))
     _, lse = sparse_mla(q, cache, idx, 0.07, return_lse=True, out=out, config=cfg, **kw)
     assert_matches(out, lse, ref, ref_lse, torch.bfloat16)
@@ -165,8 +174,9 @@ def test_gluon_kernel_takes_the_launchers_arguments():
 
     from triton_mla_sparse.ops.sparse_mla import launch
 
-    plan = _plan()
-    runtime, const = kernel_params(launch.FORWARD[DS_MLA_GLUON])
     triton_runtime, _ = kernel_params(launch.FORWARD["ds_mla"])
-    assert runtime == triton_runtime
-    assert set(plan.constexprs) == const
+    for form in FORMS:
+        plan = _plan(config=dataclasses.replace(GLUON, gluon=form))
+        runtime, const = kernel_params(launch.FORWARD[plan.family])
+        assert runtime == triton_runtime
+        assert set(plan.constexprs) == const

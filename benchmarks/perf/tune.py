@@ -181,13 +181,17 @@ def ahead_tiles(c: Case) -> list[KernelConfig]:
 
 
 def gluon_tiles(c: Case) -> list[KernelConfig]:
-    """fp8_ds_mla's sm90 kernel in Gluon (KernelConfig.gluon: gathers a step ahead in a two-slot
-    ring, one wait per MMA chain) in the default's 64 x 64 tile and split count."""
+    """fp8_ds_mla's sm90 kernels in Gluon (KernelConfig.gluon: "pipelined", gathers a step ahead
+    in a two-slot ring with one wait per MMA chain; "specialized", dequantizing warps feeding
+    the MMA warps a ring of fp16 tiles) in the default's 64 x 64 tile and split count."""
     arch = arch_of(torch.device("cuda"))
     base = choose_config(c.tokens, c.heads, c.topk, c.dtype, c.kv_format, arch)
     if not (base.fp16_fold and base.block_h == 64 and base.block_n == 64):
         return []
-    return [dataclasses.replace(base, gluon=True, num_stages=1, idx_ahead=False)]
+    return [
+        dataclasses.replace(base, gluon=form, num_stages=1, idx_ahead=False)
+        for form in ("pipelined", "specialized")
+    ]
 
 
 def grid(block_h, block_n, warps, stages, splits, **extra):

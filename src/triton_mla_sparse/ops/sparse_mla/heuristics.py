@@ -77,10 +77,12 @@ class KernelConfig:
     # the V4 record exact (powers of two), instead of exact operands and scaled logits and P.
     # The default for fp8_ds_mla in 64-head tiles on sm90 with bf16 q (folds_ds_mla_fp16).
     fp16_fold: bool = False
-    # fp8_ds_mla on sm90 with the fp16 fold in 64 x 64 tiles: the Gluon kernel
-    # (kernels/ds_mla_sm90_gluon.py), whose schedule is written out (gathers a step ahead in a
-    # two-slot ring, one wait per MMA chain). No block table, no extra set.
-    gluon: bool = False
+    # fp8_ds_mla on sm90 with the fp16 fold in 64 x 64 tiles: a Gluon kernel
+    # (kernels/ds_mla_sm90_gluon.py), whose schedule is written out. "pipelined": gathers a step
+    # ahead in a two-slot cp.async ring, one wait per MMA chain; "specialized": four
+    # dequantizing warps fill a two-slot ring of fp16 K tiles that the MMA warps consume. No
+    # block table, no extra set. None: the Triton kernel.
+    gluon: str | None = None
 
 
 # KernelConfig.e4m3_decode's values, and the form every path takes where no measurement chose

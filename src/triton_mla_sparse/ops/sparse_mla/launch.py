@@ -14,7 +14,7 @@ from .kernels import (
     sparse_mla_latent_fwd_kernel,
     sparse_mla_merge_kernel,
 )
-from .plan import DS_MLA, DS_MLA_GLUON, DS_MLA_V4, LATENT, LaunchPlan
+from .plan import DS_MLA, DS_MLA_GLUON, DS_MLA_GLUON_WS, DS_MLA_V4, LATENT, LaunchPlan
 
 # the forward kernel of each family (looked up per call: tools swap entries for recorders)
 FORWARD = {
@@ -23,9 +23,13 @@ FORWARD = {
     DS_MLA_V4: sparse_mla_ds_mla_v4_fwd_kernel,
 }
 try:  # a Triton without Gluon's Hopper layer has no such kernel (plans asking for it fail)
-    from .kernels.ds_mla_sm90_gluon import sparse_mla_ds_mla_sm90_gluon_kernel
+    from .kernels.ds_mla_sm90_gluon import (
+        sparse_mla_ds_mla_sm90_gluon_kernel,
+        sparse_mla_ds_mla_sm90_gluon_ws_kernel,
+    )
 
     FORWARD[DS_MLA_GLUON] = sparse_mla_ds_mla_sm90_gluon_kernel
+    FORWARD[DS_MLA_GLUON_WS] = sparse_mla_ds_mla_sm90_gluon_ws_kernel
 except ImportError:  # pragma: no cover - depends on the installed Triton
     pass
 

@@ -31,8 +31,10 @@ LATENT = "latent"  # a plain [L + R] row: q's dtype ("auto") or per-tensor e4m3 
 DS_MLA = "ds_mla"  # fp8_ds_mla: four scaled e4m3 chunks + bf16 rope
 DS_MLA_V4 = "ds_mla_v4"  # fp8_ds_mla_v4: DeepSeek-V4's paged record, seven scaled chunks + rope
 FAMILY_OF = {"auto": LATENT, "fp8": LATENT, "fp8_ds_mla": DS_MLA, "fp8_ds_mla_v4": DS_MLA_V4}
-# fp8_ds_mla's sm90 kernel in Gluon (KernelConfig.gluon): DS_MLA's arguments and constexprs
+# fp8_ds_mla's sm90 kernels in Gluon (KernelConfig.gluon): DS_MLA's arguments and constexprs
 DS_MLA_GLUON = "ds_mla_sm90_gluon"
+DS_MLA_GLUON_WS = "ds_mla_sm90_gluon_ws"
+GLUON_FAMILY = {"pipelined": DS_MLA_GLUON, "specialized": DS_MLA_GLUON_WS}
 
 # The merge holds all splits of BLOCK_L output columns in one [S_PAD, BLOCK_L] fp32 tile: about
 # MERGE_TILE_ELEMENTS of them (32 a thread at its 4 warps), so the more splits the narrower the
@@ -116,6 +118,11 @@ def _check_gluon(
     on_gpu: bool,
 ) -> None:
     """Refuse a Gluon launch the kernel does not implement (kernels/ds_mla_sm90_gluon.py)."""
+    if cfg.gluon not in GLUON_FAMILY:
+        raise ValueError(
+            f"config {cfg} asks for gluon={cfg.gluon!r}; the Gluon kernels are "
+            f"{sorted(GLUON_FAMILY)}"
+        )
     wanted = dict(
         kv_format="fp8_ds_mla",
         target="cuda:90",
@@ -145,7 +152,7 @@ def _check_gluon(
     bad = {k: v for k, v in got.items() if wanted[k] != v}
     if bad:
         raise ValueError(
-            f"config {cfg} asks for the Gluon kernel (gluon=True), which runs only {wanted}; "
+            f"config {cfg} asks for a Gluon kernel (gluon={cfg.gluon!r}), which runs only {wanted}; "
             f"this call has {bad}"
         )
 
@@ -301,7 +308,7 @@ def make_plan(
     check_e4m3_decode(cfg, arch, on_gpu)
     if cfg.gluon:
         _check_gluon(cfg, kv_format, arch, latent, has_bt, has_extra, on_gpu)
-        family = DS_MLA_GLUON
+        family = GLUON_FAMILY[cfg.gluon]
     num_hb = -(-num_heads // cfg.block_h)
     bt_block_size = block_size if has_bt else 1
     common = dict(
@@ -336,7 +343,7 @@ def make_plan(
         )
     else:
         constexprs = dict(common, STAGE=cfg.stage_dequant, FOLD_FP16=cfg.fp16_fold)
-        if family in (DS_MLA, DS_MLA_GLUON):
+        if family in (DS_MLA, DS_MLA_GLUON, DS_MLA_GLUON_WS):
             constexprs["E4M3_DECODE"] = E4M3_DECODE_CONSTEXPR[cfg.e4m3_decode]
     merge = None
     if split:

@@ -1,4 +1,4 @@
-"""fp8_ds_mla decode on sm90 in Gluon: 64 heads, 64-row steps, the gather one step ahead.
+"""fp8_ds_mla decode on sm90 in Gluon: 64 heads, 64-row steps, two schedules written out.
 
 The Triton kernel (ds_mla.py) leaves the schedule to Triton, which issues each step's gathers
 after the step's last MMA and waits for each of its nine wgmmas before the next
@@ -14,6 +14,11 @@ warpgroups:
   bf16 straight from the ring) and one wait; PV one chain into the [64, 512] accumulator and
   one wait.
 
+The warp-specialized form (KernelConfig.gluon="specialized") moves gather and dequantization
+to a warpgroup of their own: it fills a two-slot ring of fp16 K tiles (and bf16 rope, and each
+step's reference scale) under mbarriers, while the two MMA warpgroups run QK^T, the softmax and
+PV on the other slot, so that dequantization overlaps the MMAs instead of preceding them.
+
 The runtime argument list is the Triton kernel's (launch.py passes the same arguments); the
 variants it does not implement (block tables, an extra index set, the integer e4m3 decode,
 other tiles) are refused by plan.check_config before any launch.
@@ -21,7 +26,7 @@ other tiles) are refused by plan.check_config before any launch.
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import async_copy
+from triton.experimental.gluon.language.nvidia.ampere import async_copy, mbarrier
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     warpgroup_mma,
@@ -389,3 +394,424 @@ def sparse_mla_ds_mla_sm90_gluon_kernel(
         )
         if STORE_LSE:
             gl.store(Lse + i_t * H + o_h, b_lse, mask=m_h)
+
+
+# --- warp-specialized form: dequantizing warps feed a ring of fp16 K tiles to the MMA warps ---
+
+# one warpgroup dequantizes; its register budget (setmaxnreg) leaves the MMA warps 192 each.
+# Compiled for sm90 under Triton 3.8: 96 / 112 / 128 registers spill 356 / 316 / 392 bytes
+# (the last by starving the MMA warps, 184 each); untimed.
+DEQUANT_WARPS = gl.constexpr(4)
+DEQUANT_REGS = gl.constexpr(112)
+
+
+@gluon.jit
+def _ws_dequant(
+    KV,
+    Idx,
+    i_t,
+    w_lo,
+    w_hi,
+    n_steps,
+    stride_it,
+    stride_iw,
+    num_rows,
+    page_size,
+    stride_kb,
+    k_ring,
+    kr_ring,
+    ref_ring,
+    ready,
+    empty,
+    BLOCK_N: gl.constexpr,
+    L: gl.constexpr,
+    R: gl.constexpr,
+    PAGE_SHIFT: gl.constexpr,
+):
+    # the producer: per step, gather the rows (plain loads, all chunks first so their latencies
+    # overlap), dequantize against the step's largest scale into the free ring slot, publish
+    DQ: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [DEQUANT_WARPS, 1], [1, 0])
+    SC: gl.constexpr = gl.BlockedLayout([1, 1], [8, 4], [DEQUANT_WARPS, 1], [1, 0])
+    RP: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [DEQUANT_WARPS, 1], [1, 0])
+    REF: gl.constexpr = gl.BlockedLayout([1], [32], [DEQUANT_WARPS], [0])
+    for i_step in range(n_steps):
+        slot = i_step % 2
+        mbarrier.wait(empty.index(slot), ((i_step // 2) & 1) ^ 1)
+        o_w = w_lo + i_step * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, DQ))
+        b_idx = gl.load(Idx + i_t * stride_it + o_w * stride_iw, mask=o_w < w_hi, other=-1)
+        m_n = (b_idx >= 0) & (b_idx < num_rows)
+        b_idx = gl.where(m_n, b_idx, 0)
+        if PAGE_SHIFT >= 0:
+            b_page = b_idx >> PAGE_SHIFT
+            b_slot = b_idx & ((1 << PAGE_SHIFT) - 1)
+        else:
+            b_page = b_idx // page_size
+            b_slot = b_idx - b_page * page_size
+        o_row = b_page.to(gl.int64) * stride_kb + b_slot.to(gl.int64) * ROW_BYTES
+        o_c = gl.arange(0, 128, layout=gl.SliceLayout(0, DQ))
+        p_k = KV + o_row[:, None] + o_c[None, :]
+        m_k = m_n[:, None] & (o_c < 128)[None, :]
+        b_k0 = gl.load(p_k, mask=m_k, other=0)
+        b_k1 = gl.load(p_k + 128, mask=m_k, other=0)
+        b_k2 = gl.load(p_k + 256, mask=m_k, other=0)
+        b_k3 = gl.load(p_k + 384, mask=m_k, other=0)
+        o_row_s = gl.convert_layout(o_row, gl.SliceLayout(1, SC))
+        m_n_s = gl.convert_layout(m_n, gl.SliceLayout(1, SC))
+        o_g = gl.arange(0, NUM_CHUNKS, layout=gl.SliceLayout(0, SC))
+        p_sc = (KV + o_row_s[:, None] + SCALE_OFFSET).to(gl.pointer_type(gl.float32))
+        b_sc = gl.load(p_sc + o_g[None, :], mask=m_n_s[:, None] & (o_g < 4)[None, :], other=0.0)
+        if R > 0:
+            o_row_r = gl.convert_layout(o_row, gl.SliceLayout(1, RP))
+            m_n_r = gl.convert_layout(m_n, gl.SliceLayout(1, RP))
+            o_r = gl.arange(0, R, layout=gl.SliceLayout(0, RP))
+            p_r = (KV + o_row_r[:, None] + ROPE_OFFSET).to(gl.pointer_type(gl.bfloat16))
+            b_kr = gl.load(p_r + o_r[None, :], mask=m_n_r[:, None] & (o_r < R)[None, :], other=0.0)
+            kr_ring.index(slot).store(b_kr)
+        b_cmax = gl.max(gl.max(b_sc, 1), 0)
+        b_ref = gl.where(b_cmax > 0.0, b_cmax, 1.0)
+        b_rel = b_sc / b_ref
+        k_slot = k_ring.index(slot)
+        for c in gl.static_range(NUM_CHUNKS):
+            if c == 0:
+                b_k8 = b_k0
+            elif c == 1:
+                b_k8 = b_k1
+            elif c == 2:
+                b_k8 = b_k2
+            else:
+                b_k8 = b_k3
+            b_rel_c = gl.sum(gl.where((o_g == c)[None, :], b_rel, 0.0), 1)
+            b_rel_c = gl.convert_layout(b_rel_c, gl.SliceLayout(1, DQ))
+            b_f = b_k8.to(gl.float8e4nv, bitcast=True).to(gl.float32)
+            k_slot.slice(c * 128, 128, dim=1).store((b_f * b_rel_c[:, None]).to(gl.float16))
+        ref_ring.index(slot).store(gl.full([BLOCK_N], 0.0, gl.float32, layout=REF) + b_ref)
+        fence_async_shared()
+        _BARRIER()  # every dequantizing thread's stores are in before one of them publishes
+        mbarrier.arrive(ready.index(slot))
+
+
+@gluon.jit
+def _ws_mma(
+    Idx,
+    Sink,
+    Out,
+    Lse,
+    OPart,
+    LsePart,
+    q_s,
+    qr_s,
+    k_ring,
+    kr_ring,
+    ref_ring,
+    ready,
+    empty,
+    i_t,
+    i_ts,
+    i_hb,
+    w_lo,
+    w_hi,
+    n_steps,
+    stride_it,
+    stride_iw,
+    num_rows,
+    H,
+    qk_scale,
+    stride_ot,
+    stride_oh,
+    stride_od,
+    stride_sink,
+    BLOCK_H: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    L: gl.constexpr,
+    R: gl.constexpr,
+    SPLIT: gl.constexpr,
+    STORE_LSE: gl.constexpr,
+    HAS_SINK: gl.constexpr,
+):
+    # the consumer (the CTA's own warps): QK^T, the online softmax and PV per published slot
+    LOG2E: gl.constexpr = 1.4426950408889634
+    S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[8, 1], instr_shape=[16, 64, 16]
+    )
+    O_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16]
+    )
+    P_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2)
+    b_m = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
+    b_l = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
+    b_o = gl.zeros([BLOCK_H, L], gl.float32, layout=O_LAYOUT)
+    b_ref = gl.full([BLOCK_H], 1.0, gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
+    for i_step in range(n_steps):
+        slot = i_step % 2
+        w0 = w_lo + i_step * BLOCK_N
+        o_w = w0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))
+        b_idx = gl.load(Idx + i_t * stride_it + o_w * stride_iw, mask=o_w < w_hi, other=-1)
+        m_n = (b_idx >= 0) & (b_idx < num_rows)
+        mbarrier.wait(ready.index(slot), (i_step // 2) & 1)
+        k_slot = k_ring.index(slot)
+        b_sn = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=S_LAYOUT)
+        b_sn = warpgroup_mma(q_s, k_slot.permute((1, 0)), b_sn, use_acc=False, is_async=True)
+        b_ref_new = ref_ring.index(slot).load(gl.SliceLayout(1, S_LAYOUT))
+        if R > 0:
+            b_sr = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=S_LAYOUT)
+            b_sr = warpgroup_mma(
+                qr_s, kr_ring.index(slot).permute((1, 0)), b_sr, use_acc=False, is_async=True
+            )
+            b_sn, b_sr = warpgroup_mma_wait(num_outstanding=0, deps=(b_sn, b_sr))
+            b_s = b_sn * b_ref_new[:, None] + b_sr
+        else:
+            b_sn = warpgroup_mma_wait(num_outstanding=0, deps=(b_sn,))
+            b_s = b_sn * b_ref_new[:, None]
+        b_s = gl.where(m_n[None, :], b_s * qk_scale, float("-inf"))
+        b_m_new = gl.maximum(b_m, gl.max(b_s, 1))
+        b_m_use = gl.where(b_m_new == float("-inf"), 0.0, b_m_new)
+        b_alpha = gl.exp2(b_m - b_m_use)
+        b_p = gl.exp2(b_s - b_m_use[:, None])
+        b_l = b_l * b_alpha + gl.sum(b_p, 1)
+        b_m = b_m_new
+        b_alpha = b_alpha * (b_ref / b_ref_new)
+        b_ref = b_ref_new
+        b_alpha_o = gl.convert_layout(b_alpha, gl.SliceLayout(1, O_LAYOUT))
+        b_o = b_o * b_alpha_o[:, None]
+        b_pd = gl.convert_layout(b_p.to(gl.float16), P_LAYOUT)
+        b_o = warpgroup_mma(b_pd, k_slot, b_o, is_async=True)
+        b_o = warpgroup_mma_wait(num_outstanding=0, deps=(b_o,))
+        _BARRIER()  # both warpgroups are done with the slot before it is handed back
+        mbarrier.arrive(empty.index(slot))
+
+    o_h = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, S_LAYOUT))
+    m_h = o_h < H
+    b_nonempty = b_l > 0.0
+    b_inv = 1.0 / gl.where(b_nonempty, b_l, 1.0)
+    if HAS_SINK and not SPLIT:
+        b_sink = gl.load(Sink + o_h * stride_sink, mask=m_h, other=float("-inf")).to(gl.float32)
+        b_m_use = gl.where(b_m == float("-inf"), 0.0, b_m)
+        b_den = b_l + gl.exp2(b_sink * LOG2E - b_m_use)
+        b_inv = gl.where(b_den > 0.0, 1.0 / gl.where(b_den > 0.0, b_den, 1.0), 0.0)
+    b_inv = b_inv * b_ref
+    b_lse = gl.where(
+        b_nonempty, (b_m + gl.log2(gl.where(b_nonempty, b_l, 1.0))) / LOG2E, float("-inf")
+    )
+    o_ho = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, O_LAYOUT))
+    m_ho = o_ho < H
+    o_lo = gl.arange(0, L, layout=gl.SliceLayout(0, O_LAYOUT))
+    b_out = b_o * gl.convert_layout(b_inv, gl.SliceLayout(1, O_LAYOUT))[:, None]
+    if SPLIT:
+        p_o = OPart + (i_ts.to(gl.int64) * H + o_ho)[:, None] * L + o_lo[None, :]
+        gl.store(p_o, b_out, mask=m_ho[:, None])
+        gl.store(LsePart + i_ts.to(gl.int64) * H + o_h, b_lse, mask=m_h)
+    else:
+        p_o = Out + i_t * stride_ot + o_ho.to(gl.int64)[:, None] * stride_oh
+        gl.store(
+            p_o + o_lo[None, :] * stride_od, b_out.to(Out.dtype.element_ty), mask=m_ho[:, None]
+        )
+        if STORE_LSE:
+            gl.store(Lse + i_t * H + o_h, b_lse, mask=m_h)
+
+
+@gluon.jit
+def sparse_mla_ds_mla_sm90_gluon_ws_kernel(
+    Q_nope,
+    Q_rope,
+    KV,
+    Idx,
+    Counts,
+    BlockTable,
+    ReqIds,
+    KScale,
+    Out,
+    Lse,
+    OPart,
+    LsePart,
+    Sink,
+    sm_scale,
+    k_scale_val,
+    H,
+    W,
+    num_rows,
+    page_size,
+    split_len,
+    num_splits,
+    num_hb,
+    stride_qnt,
+    stride_qnh,
+    stride_qnd,
+    stride_qrt,
+    stride_qrh,
+    stride_qrd,
+    stride_kb,
+    stride_kr,
+    stride_kd,
+    stride_it,
+    stride_iw,
+    stride_btr,
+    stride_btb,
+    stride_ct,
+    stride_rq,
+    bt_block_size,
+    bt_max_blocks,
+    stride_ot,
+    stride_oh,
+    stride_od,
+    stride_sink,
+    ExtraKV,
+    ExtraIdx,
+    ExtraCounts,
+    ExtraBlockTable,
+    extra_width,
+    extra_offset,
+    extra_num_rows,
+    extra_page_size,
+    stride_xkb,
+    stride_xkr,
+    stride_xkd,
+    stride_xit,
+    stride_xiw,
+    stride_xbtr,
+    stride_xbtb,
+    stride_xct,
+    extra_bt_block_size,
+    extra_bt_max_blocks,
+    L: gl.constexpr,
+    R: gl.constexpr,
+    BLOCK_H: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    FP8_NATIVE: gl.constexpr,
+    MMA_FP16: gl.constexpr,
+    FOLD_FP16: gl.constexpr,
+    STAGE: gl.constexpr,
+    E4M3_DECODE: gl.constexpr,
+    IDX_AHEAD: gl.constexpr,
+    HAS_COUNTS: gl.constexpr,
+    HAS_BT: gl.constexpr,
+    BT_SHIFT: gl.constexpr,
+    PAGE_SHIFT: gl.constexpr,
+    SPLIT: gl.constexpr,
+    STORE_LSE: gl.constexpr,
+    DOT_PRECISION: gl.constexpr,
+    PDL: gl.constexpr,
+    HAS_SINK: gl.constexpr,
+    HAS_EXTRA: gl.constexpr,
+    EXTRA_HAS_COUNTS: gl.constexpr,
+    EXTRA_HAS_BT: gl.constexpr,
+    EXTRA_BT_SHIFT: gl.constexpr,
+    EXTRA_PAGE_SHIFT: gl.constexpr,
+):
+    gl.static_assert(BLOCK_H == 64 and BLOCK_N == 64 and L == 512, "the 64 x 64 tile only")
+    gl.static_assert(FOLD_FP16 and FP8_NATIVE, "fp16 MMAs with folded scales, native e4m3")
+    gl.static_assert(not HAS_BT and not HAS_EXTRA, "no block table, no extra set")
+    LOG2E: gl.constexpr = 1.4426950408889634
+    Q_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [8, 1], [1, 0])
+    MMA_SMEM: gl.constexpr = gl.NVMMASharedLayout(
+        swizzle_byte_width=128, element_bitwidth=16, rank=2
+    )
+    REF_SMEM: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+
+    i_p = gl.program_id(0)
+    i_hb = i_p % num_hb
+    i_ts = i_p // num_hb
+    i_s = i_ts % num_splits
+    i_t = (i_ts // num_splits).to(gl.int64)
+
+    o_hq = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, Q_LAYOUT))
+    m_hq = o_hq < H
+    o_lq = gl.arange(0, L, layout=gl.SliceLayout(0, Q_LAYOUT))
+    p_q = Q_nope + i_t * stride_qnt + o_hq.to(gl.int64)[:, None] * stride_qnh
+    b_q = gl.load(p_q + o_lq[None, :] * stride_qnd, mask=m_hq[:, None], other=0.0)
+    q_s = gl.allocate_shared_memory(gl.float16, [BLOCK_H, L], MMA_SMEM, b_q.to(gl.float16))
+    o_rq = gl.arange(0, 64, layout=gl.SliceLayout(0, Q_LAYOUT))
+    p_qr = Q_rope + i_t * stride_qrt + o_hq.to(gl.int64)[:, None] * stride_qrh
+    b_qr = gl.load(
+        p_qr + o_rq[None, :] * stride_qrd, mask=m_hq[:, None] & (o_rq < R)[None, :], other=0.0
+    )
+    qr_s = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, 64], MMA_SMEM, b_qr)
+
+    k_ring = gl.allocate_shared_memory(gl.float16, [2, BLOCK_N, L], MMA_SMEM)
+    kr_ring = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, 64], MMA_SMEM)
+    ref_ring = gl.allocate_shared_memory(gl.float32, [2, BLOCK_N], REF_SMEM)
+    ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    fence_async_shared()
+
+    w_end = W
+    if HAS_COUNTS:
+        w_end = gl.minimum(gl.load(Counts + i_t * stride_ct), W)
+    w_lo = i_s * split_len
+    w_hi = gl.minimum(w_lo + split_len, w_end)
+    n_steps = gl.cdiv(gl.maximum(w_hi - w_lo, 0), BLOCK_N)
+    qk_scale = sm_scale * LOG2E
+    # (the partition list is written out: Gluon does not take it as a value)
+    gl.warp_specialize(
+        [
+            (
+                _ws_mma,
+                (
+                    Idx,
+                    Sink,
+                    Out,
+                    Lse,
+                    OPart,
+                    LsePart,
+                    q_s,
+                    qr_s,
+                    k_ring,
+                    kr_ring,
+                    ref_ring,
+                    ready,
+                    empty,
+                    i_t,
+                    i_ts,
+                    i_hb,
+                    w_lo,
+                    w_hi,
+                    n_steps,
+                    stride_it,
+                    stride_iw,
+                    num_rows,
+                    H,
+                    qk_scale,
+                    stride_ot,
+                    stride_oh,
+                    stride_od,
+                    stride_sink,
+                    BLOCK_H,
+                    BLOCK_N,
+                    L,
+                    R,
+                    SPLIT,
+                    STORE_LSE,
+                    HAS_SINK,
+                ),
+            ),
+            (
+                _ws_dequant,
+                (
+                    KV,
+                    Idx,
+                    i_t,
+                    w_lo,
+                    w_hi,
+                    n_steps,
+                    stride_it,
+                    stride_iw,
+                    num_rows,
+                    page_size,
+                    stride_kb,
+                    k_ring,
+                    kr_ring,
+                    ref_ring,
+                    ready,
+                    empty,
+                    BLOCK_N,
+                    L,
+                    R,
+                    PAGE_SHIFT,
+                ),
+            ),
+        ],
+        [DEQUANT_WARPS],
+        [DEQUANT_REGS],
+    )
