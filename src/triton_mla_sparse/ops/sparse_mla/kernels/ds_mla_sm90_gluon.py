@@ -42,6 +42,20 @@ ROW_BYTES = gl.constexpr(656)  # 512 e4m3, 4 fp32 scales, 64 bf16 rope values
 SCALE_OFFSET = gl.constexpr(512)
 ROPE_OFFSET = gl.constexpr(528)
 NUM_CHUNKS = gl.constexpr(4)  # 128-wide NoPE chunks, one scale each
+FP32_MANTISSA_MASK = gl.constexpr(0x7FFFFF)
+FP32_EXPONENT_MASK = gl.constexpr(0x7F800000)
+
+
+@gluon.jit
+def _pow2_ref(b_cmax):
+    # the step's reference scale: the smallest power of two >= its largest chunk scale (1 where
+    # every row is masked). A power of two keeps the rope keys exact when divided by it (in the
+    # warp-specialized form they then join the NoPE chain's accumulator) and every rescaling
+    # of the accumulators exact; the NoPE tile is still e4m3 x (scale / reference), one fp16
+    # rounding.
+    b_bits = b_cmax.to(gl.int32, bitcast=True)
+    b_pow2 = ((b_bits + FP32_MANTISSA_MASK) & FP32_EXPONENT_MASK).to(gl.float32, bitcast=True)
+    return gl.where(b_cmax > 0.0, b_pow2, 1.0)
 
 
 @gluon.jit
@@ -313,8 +327,7 @@ def sparse_mla_ds_mla_sm90_gluon_kernel(
 
         # the step's scales: its largest is the reference the tile is dequantized against
         b_sc = scale_ring.index(slot).load(SCALE_LAYOUT)
-        b_cmax = gl.max(gl.max(b_sc, 1), 0)
-        b_ref_new = gl.where(b_cmax > 0.0, b_cmax, 1.0)
+        b_ref_new = _pow2_ref(gl.max(gl.max(b_sc, 1), 0))
         b_rel = b_sc / b_ref_new
         o_g = gl.arange(0, NUM_CHUNKS, layout=gl.SliceLayout(0, SCALE_LAYOUT))
         for c in gl.static_range(NUM_CHUNKS):
@@ -399,8 +412,8 @@ def sparse_mla_ds_mla_sm90_gluon_kernel(
 # --- warp-specialized form: dequantizing warps feed a ring of fp16 K tiles to the MMA warps ---
 
 # one warpgroup dequantizes; its register budget (setmaxnreg) leaves the MMA warps 192 each.
-# Compiled for sm90 under Triton 3.8: 96 / 112 / 128 registers spill 356 / 316 / 392 bytes
-# (the last by starving the MMA warps, 184 each); untimed.
+# Compiled for sm90 under Triton 3.8: 96 / 112 registers spill 112 / 84 bytes (the MMA warps'
+# loop 2 / 4 local-memory operations per step, the dequantizing one's 31 / 12); untimed.
 DEQUANT_WARPS = gl.constexpr(4)
 DEQUANT_REGS = gl.constexpr(112)
 
@@ -466,9 +479,11 @@ def _ws_dequant(
             o_r = gl.arange(0, R, layout=gl.SliceLayout(0, RP))
             p_r = (KV + o_row_r[:, None] + ROPE_OFFSET).to(gl.pointer_type(gl.bfloat16))
             b_kr = gl.load(p_r + o_r[None, :], mask=m_n_r[:, None] & (o_r < R)[None, :], other=0.0)
-            kr_ring.index(slot).store(b_kr)
-        b_cmax = gl.max(gl.max(b_sc, 1), 0)
-        b_ref = gl.where(b_cmax > 0.0, b_cmax, 1.0)
+        b_ref = _pow2_ref(gl.max(gl.max(b_sc, 1), 0))
+        if R > 0:
+            # the rope keys in the NoPE tile's units (exact: a power of two), so that the rope
+            # part of QK^T joins the NoPE chain's accumulator
+            kr_ring.index(slot).store((b_kr.to(gl.float32) * (1.0 / b_ref)).to(gl.bfloat16))
         b_rel = b_sc / b_ref
         k_slot = k_ring.index(slot)
         for c in gl.static_range(NUM_CHUNKS):
@@ -537,10 +552,11 @@ def _ws_mma(
         version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16]
     )
     P_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2)
+    REF: gl.constexpr = gl.BlockedLayout([1], [32], [8], [0])
     b_m = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
     b_l = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
     b_o = gl.zeros([BLOCK_H, L], gl.float32, layout=O_LAYOUT)
-    b_ref = gl.full([BLOCK_H], 1.0, gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
+    b_ref = 1.0
     for i_step in range(n_steps):
         slot = i_step % 2
         w0 = w_lo + i_step * BLOCK_N
@@ -549,19 +565,13 @@ def _ws_mma(
         m_n = (b_idx >= 0) & (b_idx < num_rows)
         mbarrier.wait(ready.index(slot), (i_step // 2) & 1)
         k_slot = k_ring.index(slot)
-        b_sn = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=S_LAYOUT)
-        b_sn = warpgroup_mma(q_s, k_slot.permute((1, 0)), b_sn, use_acc=False, is_async=True)
-        b_ref_new = ref_ring.index(slot).load(gl.SliceLayout(1, S_LAYOUT))
-        if R > 0:
-            b_sr = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=S_LAYOUT)
-            b_sr = warpgroup_mma(
-                qr_s, kr_ring.index(slot).permute((1, 0)), b_sr, use_acc=False, is_async=True
-            )
-            b_sn, b_sr = warpgroup_mma_wait(num_outstanding=0, deps=(b_sn, b_sr))
-            b_s = b_sn * b_ref_new[:, None] + b_sr
-        else:
-            b_sn = warpgroup_mma_wait(num_outstanding=0, deps=(b_sn,))
-            b_s = b_sn * b_ref_new[:, None]
+        b_ref_new = gl.max(ref_ring.index(slot).load(REF), 0)
+        b_s = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=S_LAYOUT)
+        b_s = warpgroup_mma(q_s, k_slot.permute((1, 0)), b_s, use_acc=False, is_async=True)
+        if R > 0:  # the rope keys come in the NoPE tile's units: one chain, one accumulator
+            b_s = warpgroup_mma(qr_s, kr_ring.index(slot).permute((1, 0)), b_s, is_async=True)
+        b_s = warpgroup_mma_wait(num_outstanding=0, deps=(b_s,))
+        b_s = b_s * b_ref_new
         b_s = gl.where(m_n[None, :], b_s * qk_scale, float("-inf"))
         b_m_new = gl.maximum(b_m, gl.max(b_s, 1))
         b_m_use = gl.where(b_m_new == float("-inf"), 0.0, b_m_new)
