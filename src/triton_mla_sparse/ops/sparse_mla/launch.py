@@ -16,6 +16,9 @@ from .kernels import (
 )
 from .plan import DS_MLA, DS_MLA_GLUON, DS_MLA_GLUON_WS, DS_MLA_V4, LATENT, LaunchPlan
 
+# bytes the Gluon kernels' 16-byte gathers need the cache's address and strides aligned to
+GLUON_ALIGN = 16
+
 # the forward kernel of each family (looked up per call: tools swap entries for recorders)
 FORWARD = {
     LATENT: sparse_mla_latent_fwd_kernel,
@@ -106,6 +109,16 @@ def launch_sparse_mla(
     T, H, _ = q_lat.shape
     W = indices.shape[1]
     num_rows, page, s_kb, s_kr, s_kd = _cache_geometry(kv_cache)
+    if plan.family in (DS_MLA_GLUON, DS_MLA_GLUON_WS) and (
+        kv_cache.data_ptr() % GLUON_ALIGN or s_kb % GLUON_ALIGN or s_kr % GLUON_ALIGN
+    ):
+        # the Gluon kernels gather 16-byte vectors (cp.async) without checking alignment
+        raise ValueError(
+            f"the Gluon fp8_ds_mla kernels need a 16-byte aligned kv_cache with page and row "
+            f"strides in multiples of 16 bytes; got kv_cache of shape "
+            f"{tuple(kv_cache.shape)}, strides {tuple(kv_cache.stride())}, address "
+            f"{kv_cache.data_ptr():#x}"
+        )
     dummy = indices  # any tensor, for pointers a variant never reads
     q_r = q_rope if q_rope is not None else q_lat
     if plan.workspace is not None:
