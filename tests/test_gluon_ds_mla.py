@@ -23,8 +23,14 @@ from test_sparse_mla import assert_matches, poison_, poison_unused_rows_
 
 from triton_mla_sparse import KernelConfig, pack_fp8_ds_mla, sparse_mla
 from triton_mla_sparse.ops.sparse_mla.heuristics import Arch, choose_config
-from triton_mla_sparse.ops.sparse_mla.plan import DS_MLA_GLUON, DS_MLA_GLUON_WS, make_plan
+from triton_mla_sparse.ops.sparse_mla.plan import (
+    DS_MLA_GLUON,
+    DS_MLA_GLUON_WS,
+    DS_MLA_V4_GLUON_WS,
+    make_plan,
+)
 from triton_mla_sparse.reference import sparse_mla_reference
+from triton_mla_sparse.workloads import deepseek_v4_case, make_inputs
 
 SM90 = Arch("cuda", 90, 132)
 GLUON = KernelConfig(64, 64, 8, 1, stage_dequant=True, fp16_fold=True, gluon="pipelined")
@@ -33,6 +39,8 @@ SM90_SMEM = 232448  # bytes of shared memory a block may use on sm90
 
 
 def _plan(fmt="fp8_ds_mla", arch=SM90, config=GLUON, latent=512, on_gpu=True, **kw):
+    if config is GLUON and fmt == "fp8_ds_mla_v4":
+        config = dataclasses.replace(V4_GLUON, gluon="pipelined")
     return make_plan(
         num_tokens=4,
         num_heads=64,
@@ -48,15 +56,25 @@ def _plan(fmt="fp8_ds_mla", arch=SM90, config=GLUON, latent=512, on_gpu=True, **
     )
 
 
+V4_GLUON = KernelConfig(64, 64, 8, 1, stage_dequant=True, gluon="specialized")
+
+
 def test_plan_names_the_gluon_family():
     assert _plan().family == DS_MLA_GLUON
     assert _plan(config=dataclasses.replace(GLUON, gluon="specialized")).family == DS_MLA_GLUON_WS
+    v4 = _plan(fmt="fp8_ds_mla_v4", config=V4_GLUON, block_size=64, extra_width=512)
+    assert v4.family == DS_MLA_V4_GLUON_WS  # both sets, through block tables too
 
 
 @pytest.mark.parametrize(
     "why, kw, word",
     [
-        ("V4 record", dict(fmt="fp8_ds_mla_v4"), "kv_format"),
+        ("V4 record, pipelined", dict(fmt="fp8_ds_mla_v4"), "kv_format"),
+        (
+            "V4 record, fp16 MMAs",
+            dict(fmt="fp8_ds_mla_v4", config=dataclasses.replace(V4_GLUON, fp16_mma=True)),
+            "fp16_mma",
+        ),
         ("sm80", dict(arch=Arch("cuda", 80, 108)), "target"),
         ("32-row steps", dict(config=dataclasses.replace(GLUON, block_n=32)), "block_n"),
         ("exact fp16", dict(config=dataclasses.replace(GLUON, fp16_fold=False)), "fp16_fold"),
@@ -103,6 +121,10 @@ def test_gluon_kernel_compiles_for_sm90(tmp_path):
         jobs[f"{form}-nope"] = dict(
             b, split=False, rope=0, has_counts=True, has_bt=False, store_lse=True
         )
+    v4 = dict(base, fmt="fp8_ds_mla_v4", fp16_mma=False, fp16_fold=False, gluon="specialized")
+    v4.update(rope=0, has_counts=True, has_bt=False, store_lse=True, sink=True)
+    jobs["v4-extra-paged"] = dict(v4, split=False, extra="paged")
+    jobs["v4-extra-bt-split"] = dict(v4, split=True, extra="bt", has_bt=True)
     here = Path(__file__).resolve().parent
     (tmp_path / "jobs.json").write_text(json.dumps(jobs))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -116,7 +138,12 @@ def test_gluon_kernel_compiles_for_sm90(tmp_path):
     )
     results = json.loads((tmp_path / "out.json").read_text())
     for key, res in results.items():
-        name = "sparse_mla_ds_mla_sm90_gluon_" + ("ws_kernel" if "specialized" in key else "kernel")
+        if key.startswith("v4"):
+            name = "sparse_mla_ds_mla_v4_sm90_gluon_ws_kernel"
+        else:
+            name = "sparse_mla_ds_mla_sm90_gluon_" + (
+                "ws_kernel" if "specialized" in key else "kernel"
+            )
         kernel = res[name]
         assert "error" not in kernel, (key, kernel)
         assert kernel["shared"] <= SM90_SMEM, (key, kernel)
@@ -175,8 +202,43 @@ def test_gluon_kernel_takes_the_launchers_arguments():
     from triton_mla_sparse.ops.sparse_mla import launch
 
     triton_runtime, _ = kernel_params(launch.FORWARD["ds_mla"])
-    for form in FORMS:
-        plan = _plan(config=dataclasses.replace(GLUON, gluon=form))
+    plans = [_plan(config=dataclasses.replace(GLUON, gluon=form)) for form in FORMS]
+    plans.append(_plan(fmt="fp8_ds_mla_v4", config=V4_GLUON))
+    for plan in plans:
         runtime, const = kernel_params(launch.FORWARD[plan.family])
         assert runtime == triton_runtime
         assert set(plan.constexprs) == const
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_GPU, reason="Gluon kernels run on a GPU only")
+@pytest.mark.parametrize("tokens, splits", [(3, 1), (40, 2)])
+@pytest.mark.parametrize("holes", [False, True])
+def test_gluon_v4_matches_the_reference(tokens, splits, holes):
+    """DeepSeek-V4's decode (window + compressed set, sink, counts) on the Gluon kernel."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Gluon kernel is sm90's")
+    case = deepseek_v4_case(tokens, 64, rows=8192, holes=holes)
+    inp = make_inputs(case, torch.device(DEVICE), seed=tokens + holes)
+    ref, ref_lse = sparse_mla_reference(
+        inp.q,
+        inp.kv_cache,
+        inp.indices,
+        inp.scale,
+        return_lse=True,
+        compute_dtype=torch.float64,
+        **inp.kwargs,
+    )
+    cfg = dataclasses.replace(V4_GLUON, num_splits=splits)
+    out = poison_(torch.empty(tokens, 64, 512, dtype=torch.bfloat16, device=DEVICE))
+    _, lse = sparse_mla(
+        inp.q,
+        inp.kv_cache,
+        inp.indices,
+        inp.scale,
+        return_lse=True,
+        out=out,
+        config=cfg,
+        **inp.kwargs,
+    )
+    assert_matches(out, lse, ref, ref_lse, torch.bfloat16)

@@ -181,12 +181,18 @@ def ahead_tiles(c: Case) -> list[KernelConfig]:
 
 
 def gluon_tiles(c: Case) -> list[KernelConfig]:
-    """fp8_ds_mla's sm90 kernels in Gluon (KernelConfig.gluon: "pipelined", gathers a step ahead
-    in a two-slot ring with one wait per MMA chain; "specialized", dequantizing warps feeding
-    the MMA warps a ring of fp16 tiles) in the default's 64 x 64 tile and split count."""
+    """The sm90 kernels in Gluon (KernelConfig.gluon) in the default's 64 x 64 tile and split
+    count: fp8_ds_mla "pipelined" (gathers a step ahead in a two-slot ring, one wait per MMA
+    chain) and "specialized" (dequantizing warps feeding the MMA warps a ring of fp16 tiles);
+    DeepSeek-V4's record "specialized" (a ring of bf16 tiles, both index sets)."""
     arch = arch_of(torch.device("cuda"))
-    base = choose_config(c.tokens, c.heads, c.topk, c.dtype, c.kv_format, arch)
-    if not (base.fp16_fold and base.block_h == 64 and base.block_n == 64):
+    width = c.topk + c.extra_topk
+    base = choose_config(c.tokens, c.heads, width, c.dtype, c.kv_format, arch)
+    if not (base.block_h == 64 and base.block_n == 64):
+        return []
+    if c.kv_format == "fp8_ds_mla_v4":  # the record's warp-specialized kernel (bf16 fold)
+        return [dataclasses.replace(base, gluon="specialized", num_stages=1)]
+    if not base.fp16_fold:
         return []
     return [
         dataclasses.replace(base, gluon=form, num_stages=1, idx_ahead=False)
@@ -318,7 +324,8 @@ SWEEPS = {
             for t in (128, 64, 16, 1)
             for h in (64, 128)
         ]
-        + [Case("prefill T=4096 H=64", 4096, 64, rows=65536, kv_format="fp8_ds_mla")],
+        + [Case("prefill T=4096 H=64", 4096, 64, rows=65536, kv_format="fp8_ds_mla")]
+        + [deepseek_v4_case(t, 64) for t in (128, 64, 16)],
         gluon_tiles,
     ),
     # fp8_ds_mla and DeepSeek-V4 in 64-head folded tiles: indices a step ahead or not

@@ -14,7 +14,15 @@ from .kernels import (
     sparse_mla_latent_fwd_kernel,
     sparse_mla_merge_kernel,
 )
-from .plan import DS_MLA, DS_MLA_GLUON, DS_MLA_GLUON_WS, DS_MLA_V4, LATENT, LaunchPlan
+from .plan import (
+    DS_MLA,
+    DS_MLA_GLUON,
+    DS_MLA_GLUON_WS,
+    DS_MLA_V4,
+    DS_MLA_V4_GLUON_WS,
+    LATENT,
+    LaunchPlan,
+)
 
 # bytes the Gluon kernels' 16-byte gathers need the cache's address and strides aligned to
 GLUON_ALIGN = 16
@@ -30,9 +38,11 @@ try:  # a Triton without Gluon's Hopper layer has no such kernel (plans asking f
         sparse_mla_ds_mla_sm90_gluon_kernel,
         sparse_mla_ds_mla_sm90_gluon_ws_kernel,
     )
+    from .kernels.ds_mla_v4_sm90_gluon import sparse_mla_ds_mla_v4_sm90_gluon_ws_kernel
 
     FORWARD[DS_MLA_GLUON] = sparse_mla_ds_mla_sm90_gluon_kernel
     FORWARD[DS_MLA_GLUON_WS] = sparse_mla_ds_mla_sm90_gluon_ws_kernel
+    FORWARD[DS_MLA_V4_GLUON_WS] = sparse_mla_ds_mla_v4_sm90_gluon_ws_kernel
 except ImportError:  # pragma: no cover - depends on the installed Triton
     pass
 

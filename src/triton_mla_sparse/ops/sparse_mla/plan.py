@@ -34,7 +34,13 @@ FAMILY_OF = {"auto": LATENT, "fp8": LATENT, "fp8_ds_mla": DS_MLA, "fp8_ds_mla_v4
 # fp8_ds_mla's sm90 kernels in Gluon (KernelConfig.gluon): DS_MLA's arguments and constexprs
 DS_MLA_GLUON = "ds_mla_sm90_gluon"
 DS_MLA_GLUON_WS = "ds_mla_sm90_gluon_ws"
-GLUON_FAMILY = {"pipelined": DS_MLA_GLUON, "specialized": DS_MLA_GLUON_WS}
+# the V4 record's sm90 kernel in Gluon: DS_MLA_V4's arguments and constexprs
+DS_MLA_V4_GLUON_WS = "ds_mla_v4_sm90_gluon_ws"
+GLUON_FAMILY = {
+    ("fp8_ds_mla", "pipelined"): DS_MLA_GLUON,
+    ("fp8_ds_mla", "specialized"): DS_MLA_GLUON_WS,
+    ("fp8_ds_mla_v4", "specialized"): DS_MLA_V4_GLUON_WS,
+}
 
 # The merge holds all splits of BLOCK_L output columns in one [S_PAD, BLOCK_L] fp32 tile: about
 # MERGE_TILE_ELEMENTS of them (32 a thread at its 4 warps), so the more splits the narrower the
@@ -111,50 +117,54 @@ class LaunchPlan:
 def _check_gluon(
     cfg: KernelConfig,
     kv_format: str,
+    dtype: torch.dtype,
     arch,
     latent: int,
     has_bt: bool,
     has_extra: bool,
     on_gpu: bool,
-) -> None:
-    """Refuse a Gluon launch the kernel does not implement (kernels/ds_mla_sm90_gluon.py)."""
-    if cfg.gluon not in GLUON_FAMILY:
+) -> str:
+    """The Gluon kernel's family for this call, or a ValueError naming what it does not run
+    (kernels/ds_mla_sm90_gluon.py, kernels/ds_mla_v4_sm90_gluon.py)."""
+    family = GLUON_FAMILY.get((kv_format, cfg.gluon))
+    if family is None:
         raise ValueError(
-            f"config {cfg} asks for gluon={cfg.gluon!r}; the Gluon kernels are "
-            f"{sorted(GLUON_FAMILY)}"
+            f"config {cfg} asks for gluon={cfg.gluon!r} with kv_format={kv_format!r}; the Gluon "
+            f"kernels are {sorted(GLUON_FAMILY)}"
         )
+    v4 = kv_format == "fp8_ds_mla_v4"
     wanted = dict(
-        kv_format="fp8_ds_mla",
         target="cuda:90",
+        dtype=torch.bfloat16,
         block_h=64,
         block_n=64,
         num_warps=8,
-        fp16_fold=True,
         fp8_native=True,
         latent=512,
-        block_table=False,
-        extra_set=False,
-        on_gpu=True,
+        on_gpu=True,  # Triton's interpreter runs no Gluon kernel
     )
     got = dict(
-        kv_format=kv_format,
         target=f"{arch.backend}:{arch.cc}",
+        dtype=dtype,
         block_h=cfg.block_h,
         block_n=cfg.block_n,
         num_warps=cfg.num_warps,
-        fp16_fold=cfg.fp16_fold,
         fp8_native=cfg.fp8_native,
         latent=latent,
-        block_table=has_bt,
-        extra_set=has_extra,
-        on_gpu=on_gpu,  # Triton's interpreter runs no Gluon kernel
+        on_gpu=on_gpu,
     )
+    if v4:  # the record's scales fold exactly into bf16 tiles; both sets, with block tables
+        wanted["fp16_mma"], got["fp16_mma"] = False, cfg.fp16_mma
+    else:
+        wanted.update(fp16_fold=True, block_table=False, extra_set=False)
+        got.update(fp16_fold=cfg.fp16_fold, block_table=has_bt, extra_set=has_extra)
     bad = {k: v for k, v in got.items() if wanted[k] != v}
     if bad:
         raise ValueError(
-            f"config {cfg} asks for a Gluon kernel (gluon={cfg.gluon!r}), which runs only {wanted}; "
-            f"this call has {bad}"
+            f"config {cfg} asks for a Gluon kernel (gluon={cfg.gluon!r}), which runs only "
+            f"{wanted}; this call has {bad}"
         )
+    return family
 
 
 def check_config(cfg: KernelConfig, kv_format: str, has_bt: bool) -> None:
@@ -307,8 +317,7 @@ def make_plan(
     )
     check_e4m3_decode(cfg, arch, on_gpu)
     if cfg.gluon:
-        _check_gluon(cfg, kv_format, arch, latent, has_bt, has_extra, on_gpu)
-        family = GLUON_FAMILY[cfg.gluon]
+        family = _check_gluon(cfg, kv_format, dtype, arch, latent, has_bt, has_extra, on_gpu)
     num_hb = -(-num_heads // cfg.block_h)
     bt_block_size = block_size if has_bt else 1
     common = dict(
