@@ -9,6 +9,7 @@ workload (checks only) and a one-shape ``bench`` with its JSON and CSV.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import re
 
@@ -256,7 +257,10 @@ def test_plan_label_says_what_runs():
     split = label(h200, "fp8_ds_mla", 1, 16)
     assert " k1 " not in split + " " and "+st" in split and "-pdl" not in split
     assert label(h200, "fp8_ds_mla", 1, 16, on_gpu=False).endswith(" -pdl")
-    assert label(h200, "fp8_ds_mla", 128, 64) == "h64 n64 w8 s2 k1 +st +f16fold"
+    # the Gluon kernel's form (by Triton release) where it runs, the Triton tile where it cannot
+    assert label(h200, "fp8_ds_mla", 128, 64).startswith("h64 n64 w8 s1 k1 +st +f16fold +gluon:")
+    triton_tile = label(h200, "fp8_ds_mla", 128, 64, cache_aligned=False)
+    assert triton_tile == "h64 n64 w8 s2 k1 +st +f16fold"
     # the split count as run: 2048 indices in 32-row steps cover at most 64 splits
     asked = KernelConfig(16, 32, 4, 2, num_splits=100)
     assert " k64 " in label(h200, "auto", 1, 16, config=asked) + " "
@@ -269,6 +273,8 @@ def test_config_label():
     # the fold is a configuration field: sanitizer and tune logs name it as bench does
     folded = KernelConfig(64, 64, 8, 2, 1, stage_dequant=True, fp16_fold=True)
     assert config_label(folded) == "h64 n64 w8 s2 k1 +st +f16fold"
+    gluon = dataclasses.replace(folded, num_stages=1, gluon="specialized")
+    assert config_label(gluon) == "h64 n64 w8 s1 k1 +st +f16fold +gluon:specialized"
 
 
 def test_case_cost_is_the_documented_formula():

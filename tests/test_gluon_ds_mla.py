@@ -90,10 +90,47 @@ def test_gluon_refuses_what_it_does_not_run(why, kw, word):
     assert word in str(e.value), why
 
 
-def test_heuristics_never_choose_it():
-    for t in (1, 16, 128, 4096):
-        for h in (16, 64, 128):
-            assert choose_config(t, h, 2048, torch.bfloat16, "fp8_ds_mla", SM90).gluon is None
+def test_heuristics_choose_it_where_timed(monkeypatch):
+    """sm90 with bf16 q in 64 x 64 tiles: fp8_ds_mla's Gluon form by Triton release (the one
+    timed faster under each), the V4 record's specialized kernel; never with fp16 q, on other
+    targets, in 16-head tiles, where the caller says the call cannot run it (interpreter,
+    unaligned cache), with a block table or an extra set for fp8_ds_mla."""
+    from triton_mla_sparse.ops.sparse_mla import heuristics
+
+    for version, form in (((3, 6), "specialized"), ((3, 8), "pipelined"), ((3, 9), "pipelined")):
+        monkeypatch.setattr(heuristics, "triton_version", lambda v=version: v)
+        for t in (1, 16, 128, 4096):
+            for h in (64, 128):
+                cfg = choose_config(t, h, 2048, torch.bfloat16, "fp8_ds_mla", SM90)
+                assert (cfg.gluon, cfg.num_stages, cfg.idx_ahead) == (form, 1, False), (t, h)
+                assert (cfg.block_h, cfg.block_n, cfg.fp16_fold) == (64, 64, True)
+    for kw in (dict(block_table=True), dict(extra_set=True), dict(gluon=False)):
+        assert choose_config(128, 64, 2048, torch.bfloat16, "fp8_ds_mla", SM90, **kw).gluon is None
+    assert choose_config(128, 64, 2048, torch.float16, "fp8_ds_mla", SM90).gluon is None
+    assert choose_config(128, 16, 2048, torch.bfloat16, "fp8_ds_mla", SM90).gluon is None
+    for cc in (80, 89, 100, 120):
+        arch = Arch("cuda", cc, 132)
+        assert choose_config(128, 64, 2048, torch.bfloat16, "fp8_ds_mla", arch).gluon is None
+    for kw in (dict(), dict(block_table=True), dict(extra_set=True)):
+        v4 = choose_config(128, 64, 640, torch.bfloat16, "fp8_ds_mla_v4", SM90, **kw)
+        assert (v4.gluon, v4.block_h, v4.block_n) == ("specialized", 64, 64)
+    # below 16 tokens the V4 record takes 16-head tiles (the Triton kernel)
+    assert choose_config(4, 64, 640, torch.bfloat16, "fp8_ds_mla_v4", SM90).gluon is None
+    assert choose_config(128, 64, 2048, torch.bfloat16, "auto", SM90).gluon is None
+
+
+def test_plan_keeps_the_triton_kernel_where_gluon_cannot_run():
+    """The plan of a heuristic call that cannot run the Gluon kernel (interpreter, unaligned
+    cache, block table, extra set) is the Triton kernel's, not a refusal."""
+    for kw in (
+        dict(on_gpu=False),
+        dict(cache_aligned=False),
+        dict(block_size=64),
+        dict(extra_width=128),
+    ):
+        plan = _plan(config=None, **kw)
+        assert plan.config.gluon is None and plan.family == "ds_mla", kw
+    assert _plan(config=None).family in (DS_MLA_GLUON, DS_MLA_GLUON_WS)
 
 
 def test_gluon_kernel_compiles_for_sm90(tmp_path):
@@ -192,6 +229,59 @@ def test_gluon_matches_the_reference(form, tokens, heads, width, splits, page, r
     _, lse = sparse_mla(q, cache, idx, 0.07, return_lse=True, out=out, config=cfg, **kw)
     assert_matches(out, lse, ref, ref_lse, torch.bfloat16)
     assert (out[0] == 0).all() and torch.isneginf(lse[0]).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_GPU, reason="Gluon kernels run on a GPU only")
+@pytest.mark.parametrize("aligned", [True, False])
+def test_default_call_runs_gluon_only_on_an_aligned_cache(aligned):
+    """Without a config the heuristics run the Gluon kernel on sm90 (64 heads, bf16 q); a cache
+    one byte off 16-byte alignment gets the Triton kernel (same answer) instead of a refusal."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Gluon kernel is sm90's")
+    from triton_mla_sparse.ops.sparse_mla import launch
+
+    g = torch.Generator().manual_seed(11)
+    rows, tokens, heads, width = 64 * 64, 4, 64, 700
+    packed = _cache(rows, 64, g)
+    cache = packed.to(DEVICE) if aligned else _offset_on_device(packed)
+    idx = torch.stack([torch.randperm(rows, generator=g)[:width] for _ in range(tokens)]).int()
+    idx = idx.to(DEVICE)
+    q = (torch.randn(tokens, heads, 576, generator=g) * 0.05).bfloat16().to(DEVICE)
+    ref, ref_lse = sparse_mla_reference(
+        q, cache, idx, 0.07, kv_format="fp8_ds_mla", return_lse=True, compute_dtype=torch.float64
+    )
+    ran = []
+    real = dict(launch.FORWARD)
+    for fam, fn in real.items():
+        launch.FORWARD[fam] = _Recorder(fn, fam, ran)
+    try:
+        out, lse = sparse_mla(q, cache, idx, 0.07, kv_format="fp8_ds_mla", return_lse=True)
+    finally:
+        launch.FORWARD.update(real)
+    assert_matches(out, lse, ref, ref_lse, torch.bfloat16)
+    want = (DS_MLA_GLUON, DS_MLA_GLUON_WS) if aligned else ("ds_mla",)
+    assert ran and ran[0] in want, (ran, aligned)
+
+
+def _offset_on_device(packed: torch.Tensor) -> torch.Tensor:
+    """``packed``'s bytes on the GPU at an address one byte past a 16-byte boundary."""
+    buf = torch.zeros(packed.numel() + 1, dtype=torch.uint8, device=DEVICE)
+    buf[1:] = packed.reshape(-1).to(DEVICE)
+    view = buf[1:].view(packed.shape)
+    assert view.data_ptr() % 16 == 1
+    return view
+
+
+class _Recorder:
+    """A FORWARD entry that notes its family and launches the real kernel."""
+
+    def __init__(self, fn, family: str, ran: list[str]):
+        self.fn, self.family, self.ran = fn, family, ran
+
+    def __getitem__(self, grid):
+        self.ran.append(self.family)
+        return self.fn[grid]
 
 
 def test_gluon_kernel_takes_the_launchers_arguments():

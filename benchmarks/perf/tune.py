@@ -36,12 +36,16 @@ from triton_mla_sparse.testing import measure_ceilings
 from triton_mla_sparse.workloads import Case, deepseek_v4_case
 
 
+def triton_config(c: Case, width: int, arch) -> KernelConfig:
+    """The Triton kernel's configuration for case ``c`` (``width`` indices per token), where the
+    heuristics would run a Gluon kernel (KernelConfig.gluon): the tile the sweeps vary from."""
+    return choose_config(c.tokens, c.heads, width, c.dtype, c.kv_format, arch, gluon=False)
+
+
 def e4m3_forms(c: Case) -> list[KernelConfig]:
     """The path's own tiles with the integer e4m3 decode in each KernelConfig.e4m3_decode form
     (forced where the path decodes in hardware; packed-nomask only where the tiles stage)."""
-    base = choose_config(
-        c.tokens, c.heads, c.topk, c.dtype, c.kv_format, arch_of(torch.device("cuda"))
-    )
+    base = triton_config(c, c.topk, arch_of(torch.device("cuda")))
     return [
         dataclasses.replace(base, fp8_native=False, e4m3_decode=d)
         for d in E4M3_DECODES
@@ -53,9 +57,7 @@ def staged_or_not(c: Case) -> list[KernelConfig]:
     """The path's own tiles with the e4m3 tile staged through shared memory and without (sm80's
     packed decode gained 8-17% from un-staging at <= 16 tokens and in 64-head tiles:
     PERFORMANCE.md log 20)."""
-    base = choose_config(
-        c.tokens, c.heads, c.topk, c.dtype, c.kv_format, arch_of(torch.device("cuda"))
-    )
+    base = triton_config(c, c.topk, arch_of(torch.device("cuda")))
     return [dataclasses.replace(base, stage_dequant=stage) for stage in (True, False)]
 
 
@@ -118,7 +120,7 @@ def ds_mma_tiles(c: Case) -> list[KernelConfig]:
     1186 / 1973 in 32- / 64-row steps with 208 / 1288 B of spills, fp16 folded 1023 / 1514
     with 0 / 8 B: perf-log 21); and the fp16 fold in 32-head blocks, two programs per SM."""
     arch = arch_of(torch.device("cuda"))
-    base = choose_config(c.tokens, c.heads, c.topk, c.dtype, c.kv_format, arch)
+    base = triton_config(c, c.topk, arch)
     base = exact_fp16_steps(base, c, c.topk, arch)
     folded = dataclasses.replace(base, fp16_mma=False)
     steps = [
@@ -165,7 +167,7 @@ def ahead_tiles(c: Case) -> list[KernelConfig]:
     waited for at the next step's start)."""
     arch = arch_of(torch.device("cuda"))
     width = c.topk + c.extra_topk
-    base = choose_config(c.tokens, c.heads, width, c.dtype, c.kv_format, arch)
+    base = triton_config(c, width, arch)
     if base.block_h < 64:
         return []
     programs = c.tokens * -(-c.heads // base.block_h)
@@ -181,20 +183,21 @@ def ahead_tiles(c: Case) -> list[KernelConfig]:
 
 
 def gluon_tiles(c: Case) -> list[KernelConfig]:
-    """The sm90 kernels in Gluon (KernelConfig.gluon) in the default's 64 x 64 tile and split
-    count: fp8_ds_mla "pipelined" (gathers a step ahead in a two-slot ring, one wait per MMA
-    chain) and "specialized" (dequantizing warps feeding the MMA warps a ring of fp16 tiles);
-    DeepSeek-V4's record "specialized" (a ring of bf16 tiles, both index sets)."""
+    """The Triton kernel's 64 x 64 tile beside the sm90 kernels in Gluon (KernelConfig.gluon)
+    in the same tile and split count: fp8_ds_mla "pipelined" (gathers a step ahead in a
+    two-slot ring, one wait per MMA chain) and "specialized" (dequantizing warps feeding the MMA
+    warps a ring of fp16 tiles); DeepSeek-V4's record "specialized" (a ring of bf16 tiles, both
+    index sets). The default (the heuristics' choice) is one of them where it runs Gluon."""
     arch = arch_of(torch.device("cuda"))
     width = c.topk + c.extra_topk
-    base = choose_config(c.tokens, c.heads, width, c.dtype, c.kv_format, arch)
+    base = triton_config(c, width, arch)
     if not (base.block_h == 64 and base.block_n == 64):
         return []
     if c.kv_format == "fp8_ds_mla_v4":  # the record's warp-specialized kernel (bf16 fold)
-        return [dataclasses.replace(base, gluon="specialized", num_stages=1)]
+        return [base, dataclasses.replace(base, gluon="specialized", num_stages=1)]
     if not base.fp16_fold:
         return []
-    return [
+    return [base] + [
         dataclasses.replace(base, gluon=form, num_stages=1, idx_ahead=False)
         for form in ("pipelined", "specialized")
     ]

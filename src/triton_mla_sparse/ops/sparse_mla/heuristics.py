@@ -9,8 +9,10 @@ shared-memory budget (checked by tests/test_compile.py).
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
+import triton
 
 # The target model is shared with the other ops (ops/target.py); importing it from here keeps
 # working for callers that always did (interface.py, tools).
@@ -30,6 +32,8 @@ __all__ = [
     "fp16_mma_for",
     "folds_ds_mla_fp16",
     "folds_v4_scales",
+    "gluon_available",
+    "gluon_form_for",
     "max_block_h",
     "num_splits_for",
     "split_len_for",
@@ -77,11 +81,13 @@ class KernelConfig:
     # the V4 record exact (powers of two), instead of exact operands and scaled logits and P.
     # The default for fp8_ds_mla in 64-head tiles on sm90 with bf16 q (folds_ds_mla_fp16).
     fp16_fold: bool = False
-    # fp8_ds_mla on sm90 with the fp16 fold in 64 x 64 tiles: a Gluon kernel
-    # (kernels/ds_mla_sm90_gluon.py), whose schedule is written out. "pipelined": gathers a step
-    # ahead in a two-slot cp.async ring, one wait per MMA chain; "specialized": four
-    # dequantizing warps fill a two-slot ring of fp16 K tiles that the MMA warps consume. No
-    # block table, no extra set. None: the Triton kernel.
+    # sm90, 64 x 64 tiles: a Gluon kernel, whose schedule is written out instead of left to
+    # Triton's pipeliner. fp8_ds_mla with the fp16 fold (kernels/ds_mla_sm90_gluon.py):
+    # "pipelined" gathers a step ahead in a two-slot cp.async ring, one wait per MMA chain;
+    # "specialized" has four dequantizing warps fill a two-slot ring of fp16 K tiles that the
+    # MMA warps consume; no block table, no extra set. The V4 record with bf16 MMAs
+    # (kernels/ds_mla_v4_sm90_gluon.py): "specialized", both sets, block tables. None: the
+    # Triton kernel. The default where timed faster (gluon_form_for).
     gluon: str | None = None
 
 
@@ -102,6 +108,31 @@ V4_H64_CCS = (90, 100)
 # NVIDIA targets whose V4 record runs bf16 MMAs with folded scales under bf16 q
 # (folds_v4_scales): where that form was timed faster (sm80 / sm89 as their PTX on an H200).
 V4_FOLD_CCS = (80, 89, 90)
+
+
+# The Gluon form of fp8_ds_mla's folded sm90 tile by Triton release (gluon_form_for): H200,
+# 128 tokens x 64 / 128 heads, the Triton kernel 210 / 414 us under 3.8 and 286 / 546 under 3.6;
+# "pipelined" 189 / 357 (3.8) and 239 / 457 (3.6); "specialized" 208 / 398 (3.8) and 190 / 368
+# (3.6) (docs/perf-log/27-gluon-h200.txt). Releases before the first key take the last form.
+DS_MLA_GLUON_FORMS = (((3, 8), "pipelined"), ((0, 0), "specialized"))
+
+
+@functools.cache
+def triton_version() -> tuple[int, int]:
+    """(major, minor) of the Triton this process compiles with."""
+    major, minor = triton.__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
+@functools.cache
+def gluon_available() -> bool:
+    """Whether this Triton has the Gluon Hopper layer the sm90 Gluon kernels are written in
+    (checked by importing them; nothing touches the GPU)."""
+    try:
+        from .kernels import ds_mla_sm90_gluon, ds_mla_v4_sm90_gluon  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def max_block_h(dtype: torch.dtype, kv_format: str, arch: Arch) -> int:
@@ -242,9 +273,14 @@ def choose_config(
     arch: Arch,
     *,
     block_table: bool = False,
+    extra_set: bool = False,
+    gluon: bool = True,
 ) -> KernelConfig:
     """The launch configuration of one call; ``block_table``: the call maps indices through a
-    block table (then the gather loop loads each step's indices in the step, never ahead)."""
+    block table (then the gather loop loads each step's indices in the step, never ahead);
+    ``extra_set``: a second index set joins the softmax (``width`` counts both); ``gluon``
+    False where the call cannot run a Gluon kernel (the interpreter, a cache whose address or
+    strides are not 16-byte multiples)."""
     limit = max_block_h(dtype, kv_format, arch)
     if (
         _wgmma(arch)
@@ -266,7 +302,46 @@ def choose_config(
     if block_table and cfg.idx_ahead:
         # the same tiles and stages with the in-step loop (what block-table calls have run)
         cfg = dataclasses.replace(cfg, idx_ahead=False)
+    form = gluon_form_for(cfg, dtype, kv_format, arch, block_table=block_table, extra_set=extra_set)
+    if gluon and form is not None and gluon_available():
+        # the Gluon kernels' rings are their own pipeline (one stage in the config's terms)
+        cfg = dataclasses.replace(cfg, gluon=form, num_stages=1, idx_ahead=False)
     return cfg
+
+
+def gluon_form_for(
+    cfg: KernelConfig,
+    dtype: torch.dtype,
+    kv_format: str,
+    arch: Arch,
+    *,
+    block_table: bool,
+    extra_set: bool,
+) -> str | None:
+    """The Gluon kernel (KernelConfig.gluon) that runs a call the Triton kernel would run in
+    ``cfg``, or None. sm90 with bf16 q in the 64 x 64 tiles of eight warps (the ones the Gluon
+    kernels are written for), where they were timed faster on the H200 (docs/perf-log/
+    27-gluon-h200.txt, every row checked against float64 first):
+
+    - fp8_ds_mla with the fp16 fold, no block table, no extra set: 10-24% faster under Triton
+      3.8 ("pipelined": 189 against 210 us at 128 tokens x 64 heads, 357 / 414 at 128 x 128,
+      35.1 / 38.4 at 16 x 64, 14.1 / 14.2 at 1 x 64; prefill 4096 x 64 6.19 / 6.60 ms) and
+      1.1-1.5x under 3.6 ("specialized": 190 / 286, 368 / 546, 41.6 / 50.9; 6.20 / 9.06 ms);
+    - the V4 record (bf16 fold), both sets and block tables: "specialized" 67.1 against 82.8 us
+      at 128 tokens x 64 heads, 45.3 / 51.7 at 64, 19.7 / 24.5 at 16 (3.8; 3.6 alike).
+    """
+    if not (
+        _wgmma(arch)
+        and dtype == torch.bfloat16
+        and (cfg.block_h, cfg.block_n, cfg.num_warps) == (64, 64, 8)
+    ):
+        return None
+    if kv_format == "fp8_ds_mla" and cfg.fp16_fold and not (block_table or extra_set):
+        version = triton_version()
+        return next(form for first, form in DS_MLA_GLUON_FORMS if version >= first)
+    if kv_format == "fp8_ds_mla_v4" and folds_v4_scales(dtype, kv_format, arch):
+        return "specialized"
+    return None
 
 
 def _wgmma(arch: Arch) -> bool:

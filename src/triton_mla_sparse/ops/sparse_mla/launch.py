@@ -22,10 +22,8 @@ from .plan import (
     DS_MLA_V4_GLUON_WS,
     LATENT,
     LaunchPlan,
+    gluon_gathers_aligned,
 )
-
-# bytes the Gluon kernels' 16-byte gathers need the cache's address and strides aligned to
-GLUON_ALIGN = 16
 
 # the forward kernel of each family (looked up per call: tools swap entries for recorders)
 FORWARD = {
@@ -119,8 +117,8 @@ def launch_sparse_mla(
     T, H, _ = q_lat.shape
     W = indices.shape[1]
     num_rows, page, s_kb, s_kr, s_kd = _cache_geometry(kv_cache)
-    if plan.family in (DS_MLA_GLUON, DS_MLA_GLUON_WS) and (
-        kv_cache.data_ptr() % GLUON_ALIGN or s_kb % GLUON_ALIGN or s_kr % GLUON_ALIGN
+    if plan.family in (DS_MLA_GLUON, DS_MLA_GLUON_WS) and not gluon_gathers_aligned(
+        s_kb, s_kr, kv_cache.data_ptr()
     ):
         # the Gluon kernels gather 16-byte vectors (cp.async) without checking alignment
         raise ValueError(

@@ -36,6 +36,11 @@ DS_MLA_GLUON = "ds_mla_sm90_gluon"
 DS_MLA_GLUON_WS = "ds_mla_sm90_gluon_ws"
 # the V4 record's sm90 kernel in Gluon: DS_MLA_V4's arguments and constexprs
 DS_MLA_V4_GLUON_WS = "ds_mla_v4_sm90_gluon_ws"
+# the q / key width the Gluon kernels are written for (both records' 512-wide rows)
+GLUON_LATENT = 512
+# bytes the fp8_ds_mla Gluon kernels' 16-byte gathers need the cache's address and strides
+# aligned to
+GLUON_ALIGN = 16
 GLUON_FAMILY = {
     ("fp8_ds_mla", "pipelined"): DS_MLA_GLUON,
     ("fp8_ds_mla", "specialized"): DS_MLA_GLUON_WS,
@@ -114,6 +119,12 @@ class LaunchPlan:
         return self.config.num_splits
 
 
+def gluon_gathers_aligned(*strides_and_address: int) -> bool:
+    """Whether the fp8_ds_mla Gluon kernels' 16-byte gathers (cp.async, unchecked) can read a
+    byte cache with these page / row strides and this address: all multiples of GLUON_ALIGN."""
+    return all(x % GLUON_ALIGN == 0 for x in strides_and_address)
+
+
 def _check_gluon(
     cfg: KernelConfig,
     kv_format: str,
@@ -140,7 +151,7 @@ def _check_gluon(
         block_n=64,
         num_warps=8,
         fp8_native=True,
-        latent=512,
+        latent=GLUON_LATENT,
         on_gpu=True,  # Triton's interpreter runs no Gluon kernel
     )
     got = dict(
@@ -256,6 +267,7 @@ def make_plan(
     extra_page_size: int = 1,
     extra_has_counts: bool = False,
     extra_block_size: int | None = None,
+    cache_aligned: bool = True,
     config: KernelConfig | None = None,
 ) -> LaunchPlan:
     """The plan of one call with ``num_tokens`` >= 1 tokens of ``num_heads`` heads, q widths
@@ -263,7 +275,9 @@ def make_plan(
     table; ``has_sink`` with an attention-sink tensor; ``on_gpu`` False under Triton's
     interpreter (no programmatic dependent launch). ``extra_width`` given when a second index set
     (into a second cache of ``extra_page_size`` rows per page, with ``extra_block_size`` when its
-    indices go through a block table of their own) joins the same softmax."""
+    indices go through a block table of their own) joins the same softmax. ``cache_aligned``
+    False where the cache's address or page / row strides are not 16-byte multiples (the
+    heuristics then keep the Triton kernels, whose loads need no alignment)."""
     if num_tokens < 1:
         raise ValueError(f"a plan needs at least one token, got num_tokens={num_tokens}")
     family = FAMILY_OF[kv_format]
@@ -272,7 +286,15 @@ def make_plan(
     # the heuristic sees both sets as one list (it decides the split count from its length)
     total = width + (extra_width or 0)
     cfg = config or choose_config(
-        num_tokens, num_heads, total, dtype, kv_format, arch, block_table=has_bt
+        num_tokens,
+        num_heads,
+        total,
+        dtype,
+        kv_format,
+        arch,
+        block_table=has_bt,
+        extra_set=has_extra,
+        gluon=on_gpu and cache_aligned and latent == GLUON_LATENT,
     )
     check_config(cfg, kv_format, has_bt)
     if cfg.fp16_fold and dtype == torch.float32:
