@@ -236,7 +236,8 @@ def test_gluon_matches_the_reference(form, tokens, heads, width, splits, page, r
 @pytest.mark.parametrize("aligned", [True, False])
 def test_default_call_runs_gluon_only_on_an_aligned_cache(aligned):
     """Without a config the heuristics run the Gluon kernel on sm90 (64 heads, bf16 q); a cache
-    one byte off 16-byte alignment gets the Triton kernel (same answer) instead of a refusal."""
+    8 bytes off 16-byte alignment (aligned for the scales' words, not for the Gluon kernels'
+    16-byte gathers) gets the Triton kernel (same answer) instead of a refusal."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Gluon kernel is sm90's")
     from triton_mla_sparse.ops.sparse_mla import launch
@@ -265,11 +266,11 @@ def test_default_call_runs_gluon_only_on_an_aligned_cache(aligned):
 
 
 def _offset_on_device(packed: torch.Tensor) -> torch.Tensor:
-    """``packed``'s bytes on the GPU at an address one byte past a 16-byte boundary."""
-    buf = torch.zeros(packed.numel() + 1, dtype=torch.uint8, device=DEVICE)
-    buf[1:] = packed.reshape(-1).to(DEVICE)
-    view = buf[1:].view(packed.shape)
-    assert view.data_ptr() % 16 == 1
+    """``packed``'s bytes on the GPU at an address 8 bytes past a 16-byte boundary."""
+    buf = torch.zeros(packed.numel() + 8, dtype=torch.uint8, device=DEVICE)
+    buf[8:] = packed.reshape(-1).to(DEVICE)
+    view = buf[8:].view(packed.shape)
+    assert view.data_ptr() % 16 == 8
     return view
 
 

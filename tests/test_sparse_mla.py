@@ -126,7 +126,10 @@ def config_for(
 ) -> KernelConfig:
     """The heuristic's configuration, with fp8_native and (optionally) the split count and the
     gather loop (``LOOPS``: indices a step ahead, with two gather buffers) forced."""
-    cfg = choose_config(t, h, w, dtype, fmt, arch_of(DEVICE), block_table=block_table)
+    # a forced integer decode runs the Triton kernels (the Gluon ones convert e4m3 in hardware)
+    cfg = choose_config(
+        t, h, w, dtype, fmt, arch_of(DEVICE), block_table=block_table, gluon=native is not False
+    )
     cfg = dataclasses.replace(cfg, fp8_native=native)
     if splits is not None:
         cfg = dataclasses.replace(cfg, num_splits=splits)

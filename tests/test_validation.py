@@ -122,6 +122,25 @@ CASES = {
         ValueError,
         ["unit stride"],
     ),
+    "dsmla-misaligned-address": (
+        dict(kv_cache=u8(N * 656 + 1)[1:].view(N, 656), kv_format="fp8_ds_mla"),
+        ValueError,
+        ["kv_cache", "4-byte boundary", "address"],
+    ),
+    "dsmla-row-stride-unaligned": (
+        dict(kv_cache=u8(N * 659).as_strided((N, 656), (659, 1)), kv_format="fp8_ds_mla"),
+        ValueError,
+        ["kv_cache", "strides", "(659, 1)"],
+    ),
+    "v4-misaligned-address": (
+        dict(
+            q=f16(T, H, L),
+            kv_cache=u8(4 * 2 * 584 + 1)[1:].view(4, 2, 584),
+            kv_format="fp8_ds_mla_v4",
+        ),
+        ValueError,
+        ["kv_cache", "2-byte boundary"],
+    ),
     "dsmla-wrong-rank": (
         dict(q=f16(T, H, 256 + 64), kv_cache=u8(N, 656), kv_format="fp8_ds_mla", kv_lora_rank=256),
         ValueError,

@@ -307,8 +307,17 @@ class Case:
         """The heuristic's configuration (with the forced e4m3 decode where the kind says)."""
         kw = {"block_table": True} if LAYOUTS[self.layout]["bs"] and _CHOOSE_BT else {}
         # with an extra set the heuristic sees both sets as one list (plan.make_plan)
+        # a forced integer decode runs the Triton kernels (the Gluon ones convert in hardware)
         cfg = choose_config(
-            self.T, self.H, self.W + self.XW, self.kind.dtype, self.kind.kv_format, arch, **kw
+            self.T,
+            self.H,
+            self.W + self.XW,
+            self.kind.dtype,
+            self.kind.kv_format,
+            arch,
+            extra_set=self.XW > 0,
+            gluon=self.kind.native is not False,
+            **kw,
         )
         if self.kind.native is False:
             cfg = dataclasses.replace(cfg, fp8_native=False)

@@ -16,7 +16,7 @@ import torch
 
 from .kv_format import bytes_per_row
 from .ops.sparse_mla.heuristics import KernelConfig
-from .ops.sparse_mla.plan import DS_MLA, DS_MLA_V4, LaunchPlan
+from .ops.sparse_mla.plan import SCALED_FAMILIES, LaunchPlan
 from .reference import sparse_mla_reference
 from .testing import (
     Ceilings,
@@ -102,7 +102,7 @@ def plan_label(plan: LaunchPlan) -> str:
     pdl = None if plan.merge is None or plan.merge.pdl else False
     label = config_label(dataclasses.replace(plan.config, pdl=pdl))
     c = plan.constexprs
-    if c.get("E4M3") or plan.family in (DS_MLA, DS_MLA_V4):
+    if c.get("E4M3") or plan.family in SCALED_FAMILIES:
         if not c["FP8_NATIVE"]:
             label += " +int" + PACKED_LABELS.get(plan.config.e4m3_decode, "")
         if not c["MMA_FP16"]:

@@ -12,7 +12,7 @@ import dataclasses
 import torch
 
 from triton_mla_sparse.ops.sparse_mla.heuristics import TARGETS, Arch
-from triton_mla_sparse.ops.sparse_mla.plan import DS_MLA, DS_MLA_V4, LaunchPlan, make_plan
+from triton_mla_sparse.ops.sparse_mla.plan import SCALED_FAMILIES, LaunchPlan, make_plan
 from triton_mla_sparse.vllm_plugin import KV_FORMAT_OF
 
 MIN_CAPABILITY = (8, 0)
@@ -46,7 +46,7 @@ def arch_for(cap: tuple[int, int], num_sms: int | None = None) -> tuple[Arch, st
 def mma_words(plan: LaunchPlan) -> str:
     """How an e4m3 cache reaches the tensor cores in ``plan``, in words ("" for bf16 rows)."""
     c = plan.constexprs
-    scaled = plan.family in (DS_MLA, DS_MLA_V4)
+    scaled = plan.family in SCALED_FAMILIES
     if not (c.get("E4M3") or scaled):
         return ""
     if c["MMA_FP16"]:
@@ -96,9 +96,11 @@ def kernel_lines(
             on_gpu=True,
         )
         c = plan.config
+        # the Gluon kernels pipeline through their own two-slot ring (KernelConfig.gluon)
+        stages = f"Gluon {c.gluon} ring" if c.gluon else _n(c.num_stages, "stage")
         lines.append(
             f"  {label} x {heads} heads, {ROWS[kv_format]}, top-k {TOPK}: {plan.family} kernel, "
             f"{c.block_h} heads x {c.block_n} rows per step, {c.num_warps} warps, "
-            f"{_n(c.num_stages, 'stage')}, {_n(c.num_splits, 'split')}{mma_words(plan)}"
+            f"{stages}, {_n(c.num_splits, 'split')}{mma_words(plan)}"
         )
     return lines

@@ -184,6 +184,27 @@ def _check_cache(
         )
     if fmt == "fp8_ds_mla_v4":
         _check_v4_pages(name, cache)
+    _check_record_alignment(name, cache, fmt)
+
+
+# Byte alignment a scaled-record cache's address and row / page strides need: the kernels load
+# fp8_ds_mla's fp32 scales (bytes 512-527 of each row) and the V4 record's bf16 RoPE values as
+# whole words, which fault on a misaligned address.
+RECORD_ALIGN = {"fp8_ds_mla": 4, "fp8_ds_mla_v4": 2}
+
+
+def _check_record_alignment(name: str, cache: torch.Tensor, fmt: str) -> None:
+    align = RECORD_ALIGN.get(fmt)
+    if align is None:
+        return
+    offsets = (cache.data_ptr(), *cache.stride()[:-1])
+    if any(x % align for x in offsets):
+        raise ValueError(
+            f"a {fmt} cache must start on a {align}-byte boundary with page and row strides in "
+            f"multiples of {align} bytes (its scales / RoPE values are read as whole words): "
+            f"{name} {_shape(cache)} with strides {cache.stride()} at address "
+            f"{cache.data_ptr():#x}"
+        )
 
 
 def _check_v4_pages(name: str, cache: torch.Tensor) -> None:

@@ -46,6 +46,8 @@ GLUON_FAMILY = {
     ("fp8_ds_mla", "specialized"): DS_MLA_GLUON_WS,
     ("fp8_ds_mla_v4", "specialized"): DS_MLA_V4_GLUON_WS,
 }
+# the families whose rows carry per-group scales (fp8_ds_mla, the V4 record), in either language
+SCALED_FAMILIES = frozenset({DS_MLA, DS_MLA_V4, *GLUON_FAMILY.values()})
 
 # The merge holds all splits of BLOCK_L output columns in one [S_PAD, BLOCK_L] fp32 tile: about
 # MERGE_TILE_ELEMENTS of them (32 a thread at its 4 warps), so the more splits the narrower the
