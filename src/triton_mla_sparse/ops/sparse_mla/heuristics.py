@@ -12,7 +12,6 @@ import dataclasses
 import functools
 
 import torch
-import triton
 
 # The target model is shared with the other ops (ops/target.py); importing it from here keeps
 # working for callers that always did (interface.py, tools).
@@ -108,20 +107,6 @@ V4_H64_CCS = (90, 100)
 # NVIDIA targets whose V4 record runs bf16 MMAs with folded scales under bf16 q
 # (folds_v4_scales): where that form was timed faster (sm80 / sm89 as their PTX on an H200).
 V4_FOLD_CCS = (80, 89, 90)
-
-
-# The Gluon form of fp8_ds_mla's folded sm90 tile by Triton release (gluon_form_for): H200,
-# 128 tokens x 64 / 128 heads, the Triton kernel 210 / 414 us under 3.8 and 286 / 546 under 3.6;
-# "pipelined" 189 / 357 (3.8) and 239 / 457 (3.6); "specialized" 208 / 398 (3.8) and 190 / 368
-# (3.6) (docs/perf-log/27-gluon-h200.txt). Releases before the first key take the last form.
-DS_MLA_GLUON_FORMS = (((3, 8), "pipelined"), ((0, 0), "specialized"))
-
-
-@functools.cache
-def triton_version() -> tuple[int, int]:
-    """(major, minor) of the Triton this process compiles with."""
-    major, minor = triton.__version__.split(".")[:2]
-    return int(major), int(minor)
 
 
 @functools.cache
@@ -319,16 +304,20 @@ def gluon_form_for(
     extra_set: bool,
 ) -> str | None:
     """The Gluon kernel (KernelConfig.gluon) that runs a call the Triton kernel would run in
-    ``cfg``, or None. sm90 with bf16 q in the 64 x 64 tiles of eight warps (the ones the Gluon
-    kernels are written for), where they were timed faster on the H200 (docs/perf-log/
-    27-gluon-h200.txt, every row checked against float64 first):
+    ``cfg``, or None: fp8_ds_mla's "pipelined" kernel on sm90 with bf16 q in the folded 64 x 64
+    tile of eight warps, without block table or extra set. Timed on the H200 (docs/perf-log/
+    27-gluon-h200.txt, every row checked against float64 first) faster than the Triton kernel
+    at every shape: under Triton 3.8 189 against 210 us at 128 tokens x 64 heads, 357 / 414 at
+    128 x 128, 103 / 119 at 64 x 64, 35.1 / 38.4 at 16 x 64, 14.1 / 14.2 at 1 x 64, prefill
+    4096 x 64 6.19 / 6.60 ms; under 3.6 239 / 286, 457 / 546, 141 / 155, 48.6 / 50.9, 16.6 /
+    18.6, 7.58 / 9.06 ms. compute-sanitizer memcheck, racecheck and synccheck clean.
 
-    - fp8_ds_mla with the fp16 fold, no block table, no extra set: 10-24% faster under Triton
-      3.8 ("pipelined": 189 against 210 us at 128 tokens x 64 heads, 357 / 414 at 128 x 128,
-      35.1 / 38.4 at 16 x 64, 14.1 / 14.2 at 1 x 64; prefill 4096 x 64 6.19 / 6.60 ms) and
-      1.1-1.5x under 3.6 ("specialized": 190 / 286, 368 / 546, 41.6 / 50.9; 6.20 / 9.06 ms);
-    - the V4 record (bf16 fold), both sets and block tables: "specialized" 67.1 against 82.8 us
-      at 128 tokens x 64 heads, 45.3 / 51.7 at 64, 19.7 / 24.5 at 16 (3.8; 3.6 alike).
+    The warp-specialized kernels ("specialized": fp8_ds_mla, and the V4 record's, which runs
+    both sets and block tables) were faster still in places (fp8_ds_mla under 3.6: 190 / 368
+    us at 128 x 64 / 128; the V4 record 67.1 against 82.8 us at 128 x 64, 45.3 / 51.7 at 64,
+    19.7 / 24.5 at 16) and pass the same tests, but racecheck reports hazards on the shared
+    words through which Triton's warp specialization hands each partition its arguments
+    (docs/RELIABILITY.md): they stay behind KernelConfig.gluon until that is settled.
     """
     if not (
         _wgmma(arch)
@@ -337,10 +326,7 @@ def gluon_form_for(
     ):
         return None
     if kv_format == "fp8_ds_mla" and cfg.fp16_fold and not (block_table or extra_set):
-        version = triton_version()
-        return next(form for first, form in DS_MLA_GLUON_FORMS if version >= first)
-    if kv_format == "fp8_ds_mla_v4" and folds_v4_scales(dtype, kv_format, arch):
-        return "specialized"
+        return "pipelined"
     return None
 
 
