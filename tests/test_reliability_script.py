@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -422,3 +423,21 @@ def test_extra_set_inputs():
     inp = rel.make_case_inputs(flat_main, flat_main.config(rel.heuristics.Arch("cuda", 90, 132)))
     assert "block_table" not in inp.ind and inp.ind["req_ids"] is inp.xind["req_ids"]
     assert inp.xind["block_size"] == rel.EXTRA_PAGE
+
+
+def test_ws_racecheck_probe_compiles_the_hand_off():
+    """The warp-specialize racecheck probe compiles for sm90 without a GPU, and its PTX holds
+    Triton's hand-off (whole-block barriers, the state and capture words in shared memory)."""
+    probe = os.path.join(BENCH, "ws_racecheck_probe.py")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    p = subprocess.run(
+        [sys.executable, probe, "--compile-only", "--regs"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert p.returncode == 0, p.stderr[-2000:]
+    counts = dict(re.findall(r"'([a-z. 1]+)': (\d+)", p.stdout))
+    assert int(counts["barrier.sync 1"]) >= 2 and int(counts["setmaxnreg"]) >= 2, p.stdout
+    assert int(counts["st.shared"]) >= 2 and int(counts["ld.shared"]) >= 2, p.stdout

@@ -1,0 +1,136 @@
+"""Does compute-sanitizer racecheck flag Triton's own warp-specialize hand-off?
+
+    compute-sanitizer --tool racecheck --racecheck-report all \
+        python benchmarks/reliability/ws_racecheck_probe.py [--regs] [--worker-warps 4]
+    python benchmarks/reliability/ws_racecheck_probe.py --compile-only [--regs]   # no GPU
+
+The kernel is ``gl.warp_specialize`` with nothing of its own in shared memory: the default
+partition doubles one vector, a worker partition adds one to another, each through registers
+only, and both take a few scalar arguments, one of them loaded before the split. Whatever shared memory the kernel touches is
+Triton's lowering: the state byte each worker warp reads to find its partition and the words
+that carry the captured arguments, written by the default warps and read by the workers on the
+far side of a whole-block ``barrier.sync 1``. The sparse_mla warp-specialized kernels
+(``KernelConfig.gluon="specialized"``) drew racecheck hazards on exactly those words
+(docs/perf-log/27-sanitize-gluon-h200.txt): if this kernel draws the same, the report is about
+the hand-off (the tool's model of it, or the lowering), not about those kernels' rings.
+
+On a GPU the outputs are checked and the script exits 1 if one is wrong. ``--regs`` passes
+``worker_num_regs`` (register reallocation, ``setmaxnreg``, as the sparse_mla kernels do;
+Triton 3.6 requires it). ``--compile-only`` compiles for sm90 ahead of time and prints the
+PTX's hand-off: its ``barrier.sync 1`` count, ``setmaxnreg`` count and shared stores and loads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+# elements per partition's vector, registers the worker asks for with --regs
+BLOCK = 1024
+WORKER_REGS = 48
+
+
+@gluon.jit
+def _double(x_ptr, y_ptr, n, start, BLOCK: gl.constexpr):
+    layout: gl.constexpr = gl.BlockedLayout([4], [32], [gl.num_warps()], [0])
+    o = start + gl.arange(0, BLOCK, layout=layout)
+    gl.store(y_ptr + o, gl.load(x_ptr + o, mask=o < n) * 2.0, mask=o < n)
+
+
+@gluon.jit
+def _add_one(a_ptr, b_ptr, n, start, BLOCK: gl.constexpr):
+    layout: gl.constexpr = gl.BlockedLayout([4], [32], [gl.num_warps()], [0])
+    o = start + gl.arange(0, BLOCK, layout=layout)
+    gl.store(b_ptr + o, gl.load(a_ptr + o, mask=o < n) + 1.0, mask=o < n)
+
+
+@gluon.jit
+def ws_probe_kernel(
+    x_ptr,
+    y_ptr,
+    a_ptr,
+    b_ptr,
+    starts_ptr,
+    n,
+    BLOCK: gl.constexpr,
+    WORKER_WARPS: gl.constexpr,
+    WORKER_REGS: gl.constexpr,
+):
+    # loaded before the split (Triton cannot recompute it in the worker): the worker receives it
+    # through Triton's capture words
+    start = gl.load(starts_ptr + gl.program_id(0))
+    if WORKER_REGS > 0:
+        gl.warp_specialize(
+            [
+                (_double, (x_ptr, y_ptr, n, start, BLOCK)),
+                (_add_one, (a_ptr, b_ptr, n, start, BLOCK)),
+            ],
+            [WORKER_WARPS],
+            [WORKER_REGS],
+        )
+    else:
+        gl.warp_specialize(
+            [
+                (_double, (x_ptr, y_ptr, n, start, BLOCK)),
+                (_add_one, (a_ptr, b_ptr, n, start, BLOCK)),
+            ],
+            [WORKER_WARPS],
+        )
+
+
+def compile_only(worker_warps: int, regs: int) -> int:
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    sig = {"x_ptr": "*fp32", "y_ptr": "*fp32", "a_ptr": "*fp32", "b_ptr": "*fp32"}
+    sig.update(starts_ptr="*i32", n="i32")
+    consts = {"BLOCK": BLOCK, "WORKER_WARPS": worker_warps, "WORKER_REGS": regs}
+    for k in consts:
+        sig[k] = "constexpr"
+    src = GluonASTSource(fn=ws_probe_kernel, signature=sig, constexprs=consts)
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    ptx = compiled.asm["ptx"]
+    counts = {
+        "barrier.sync 1": len(re.findall(r"barrier\.sync\s+1;", ptx)),
+        "setmaxnreg": ptx.count("setmaxnreg"),
+        "st.shared": ptx.count("st.shared"),
+        "ld.shared": ptx.count("ld.shared"),
+    }
+    print(f"Triton {triton.__version__}, sm90, worker warps {worker_warps}, regs {regs}: {counts}")
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--regs", action="store_true", help="pass worker_num_regs (setmaxnreg)")
+    ap.add_argument("--worker-warps", type=int, default=4)
+    ap.add_argument("--compile-only", action="store_true", help="compile for sm90, print the PTX")
+    args = ap.parse_args()
+    regs = WORKER_REGS if args.regs else 0
+    if args.compile_only:
+        return compile_only(args.worker_warps, regs)
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9:
+        print("needs an sm90 or newer GPU (or --compile-only)")
+        return 2
+    n = 3 * BLOCK + 17
+    x = torch.randn(n, device="cuda")
+    a = torch.randn(n, device="cuda")
+    y = torch.full_like(x, float("nan"))
+    b = torch.full_like(a, float("nan"))
+    grid = (triton.cdiv(n, BLOCK),)
+    starts = torch.arange(grid[0], device="cuda", dtype=torch.int32) * BLOCK
+    ws_probe_kernel[grid](x, y, a, b, starts, n, BLOCK, args.worker_warps, regs, num_warps=4)
+    torch.cuda.synchronize()
+    ok = torch.equal(y, x * 2.0) and torch.equal(b, a + 1.0)
+    print(f"Triton {triton.__version__}: outputs {'correct' if ok else 'WRONG'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
