@@ -82,7 +82,7 @@ def _gather(
     ROPE_LAYOUT: gl.constexpr,
 ):
     # cp.async of rows [w0, w0 + BLOCK_N) of token i_t's list into one ring slot (masked rows and
-    # positions past w_hi read nothing and are zero-filled)
+    # positions past w_hi read nothing and are zero-filled); returns the rows' validity
     idx_layout: gl.constexpr = gl.SliceLayout(1, NOPE_LAYOUT)
     o_w = w0 + gl.arange(0, BLOCK_N, layout=idx_layout)
     m_w = o_w < w_hi
@@ -115,6 +115,7 @@ def _gather(
             None, :
         ]
         _ASYNC_LOAD(rope_slot, p_rope, mask=m_n_r[:, None] & (o_r < R)[None, :])
+    return m_n
 
 
 @gluon.jit
@@ -223,6 +224,9 @@ def sparse_mla_ds_mla_sm90_gluon_kernel(
     SCALE_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 1], [8, 4], [8, 1], [1, 0])
     ROPE_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0])
     DQ_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [8, 1], [1, 0])
+    # a row's four scales on every thread that dequantizes that row (DQ_LAYOUT's row mapping):
+    # picking a chunk's scale needs no data movement between threads
+    SC_DQ_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [8, 1], [1, 0])
     Q_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [8, 1], [1, 0])
     # shared layouts: MMA operands swizzled for wgmma, the raw bytes plain
     MMA_SMEM: gl.constexpr = gl.NVMMASharedLayout(
@@ -271,7 +275,7 @@ def sparse_mla_ds_mla_sm90_gluon_kernel(
     b_o = gl.zeros([BLOCK_H, L], gl.float32, layout=O_LAYOUT)
     b_ref = 1.0
 
-    _gather(
+    m_next = _gather(
         KV,
         Idx,
         i_t,
@@ -297,9 +301,10 @@ def sparse_mla_ds_mla_sm90_gluon_kernel(
     for i_step in range(n_steps):
         slot = i_step % 2
         w0 = w_lo + i_step * BLOCK_N
+        m_n = m_next
         # every thread is past its reads of the other slot (the previous step) before it refills
         _BARRIER()
-        _gather(
+        m_next = _gather(
             KV,
             Idx,
             i_t,
@@ -326,13 +331,14 @@ def sparse_mla_ds_mla_sm90_gluon_kernel(
         _BARRIER()
 
         # the step's scales: its largest is the reference the tile is dequantized against
-        b_sc = scale_ring.index(slot).load(SCALE_LAYOUT)
+        b_sc = scale_ring.index(slot).load(SC_DQ_LAYOUT)
         b_ref_new = _pow2_ref(gl.max(gl.max(b_sc, 1), 0))
-        b_rel = b_sc / b_ref_new
-        o_g = gl.arange(0, NUM_CHUNKS, layout=gl.SliceLayout(0, SCALE_LAYOUT))
+        # (times the exact reciprocal of a power of two: the quotient, without a division each)
+        b_rel = b_sc * (1.0 / b_ref_new)
+        o_g = gl.arange(0, NUM_CHUNKS, layout=gl.SliceLayout(0, SC_DQ_LAYOUT))
         for c in gl.static_range(NUM_CHUNKS):
             b_rel_c = gl.sum(gl.where((o_g == c)[None, :], b_rel, 0.0), 1)
-            b_rel_c = gl.convert_layout(b_rel_c, gl.SliceLayout(1, DQ_LAYOUT))
+            b_rel_c = gl.convert_layout(b_rel_c, gl.SliceLayout(1, DQ_LAYOUT))  # same rows
             b_k8 = nope_ring.index(slot).slice(c * 128, 128, dim=1).load(DQ_LAYOUT)
             b_f = b_k8.to(gl.float8e4nv, bitcast=True).to(gl.float32)
             k_s.slice(c * 128, 128, dim=1).store((b_f * b_rel_c[:, None]).to(gl.float16))
@@ -353,11 +359,9 @@ def sparse_mla_ds_mla_sm90_gluon_kernel(
             b_sn = warpgroup_mma_wait(num_outstanding=0, deps=(b_sn,))
             b_s = b_sn * b_ref_new
 
-        # the online softmax step over the valid rows
-        o_w = w0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))
-        b_idx = gl.load(Idx + i_t * stride_it + o_w * stride_iw, mask=o_w < w_hi, other=-1)
-        m_n = (b_idx >= 0) & (b_idx < num_rows)
-        b_s = gl.where(m_n[None, :], b_s * qk_scale, float("-inf"))
+        # the online softmax step over the valid rows (their validity kept from the gather)
+        m_s = gl.convert_layout(m_n, gl.SliceLayout(0, S_LAYOUT))
+        b_s = gl.where(m_s[None, :], b_s * qk_scale, float("-inf"))
         b_m_new = gl.maximum(b_m, gl.max(b_s, 1))
         b_m_use = gl.where(b_m_new == float("-inf"), 0.0, b_m_new)
         b_alpha = gl.exp2(b_m - b_m_use)
