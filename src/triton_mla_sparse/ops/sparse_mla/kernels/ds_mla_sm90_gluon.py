@@ -211,10 +211,11 @@ def sparse_mla_ds_mla_sm90_gluon_kernel(
     gl.static_assert(not HAS_BT and not HAS_EXTRA, "no block table, no extra set")
     LOG2E: gl.constexpr = 1.4426950408889634
 
-    # register layouts (8 warps): S [64 heads, 64 keys] computed by both warpgroups alike, as
-    # Triton lays out this tile's QK^T; O [64, 512] split by columns between the warpgroups
+    # register layouts (8 warps): S [64 heads, 64 keys] and O [64, 512] both split by columns
+    # between the two warpgroups (each computes half the keys' logits: no QK^T twice; P crosses
+    # to the other warpgroup through shared memory for the PV product)
     S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[8, 1], instr_shape=[16, 64, 16]
+        version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 32, 16]
     )
     O_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16]
