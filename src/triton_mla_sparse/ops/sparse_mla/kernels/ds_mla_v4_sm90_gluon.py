@@ -285,8 +285,9 @@ def _v4_mma(
 ):
     # the consumer (the CTA's own warps): one QK^T chain, the online softmax, one PV chain
     LOG2E: gl.constexpr = 1.4426950408889634
+    # S and O split by columns between the two warpgroups (no QK^T twice)
     S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[8, 1], instr_shape=[16, 64, 16]
+        version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 32, 16]
     )
     O_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16]
