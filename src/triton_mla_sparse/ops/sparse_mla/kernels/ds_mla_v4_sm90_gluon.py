@@ -948,8 +948,10 @@ def sparse_mla_ds_mla_v4_sm90_gluon_kernel(
         swizzle_byte_width=128, element_bitwidth=16, rank=2
     )
     RAW_SMEM: gl.constexpr = gl.SwizzledSharedLayout(vec=16, per_phase=1, max_phase=1, order=[1, 0])
+    # S [64 heads, 64 keys] and O [64, 512] split by columns between the two warpgroups (each
+    # computes half the keys' logits; P crosses through shared memory for the PV product)
     S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[8, 1], instr_shape=[16, 64, 16]
+        version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 32, 16]
     )
     O_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16]
