@@ -26,6 +26,7 @@ from triton_mla_sparse.ops.sparse_mla.heuristics import Arch, choose_config
 from triton_mla_sparse.ops.sparse_mla.plan import (
     DS_MLA_GLUON,
     DS_MLA_GLUON_WS,
+    DS_MLA_V4_GLUON,
     DS_MLA_V4_GLUON_WS,
     make_plan,
 )
@@ -40,7 +41,7 @@ SM90_SMEM = 232448  # bytes of shared memory a block may use on sm90
 
 def _plan(fmt="fp8_ds_mla", arch=SM90, config=GLUON, latent=512, on_gpu=True, **kw):
     if config is GLUON and fmt == "fp8_ds_mla_v4":
-        config = dataclasses.replace(V4_GLUON, gluon="pipelined")
+        config = V4_GLUON
     return make_plan(
         num_tokens=4,
         num_heads=64,
@@ -64,12 +65,19 @@ def test_plan_names_the_gluon_family():
     assert _plan(config=dataclasses.replace(GLUON, gluon="specialized")).family == DS_MLA_GLUON_WS
     v4 = _plan(fmt="fp8_ds_mla_v4", config=V4_GLUON, block_size=64, extra_width=512)
     assert v4.family == DS_MLA_V4_GLUON_WS  # both sets, through block tables too
+    v4_pipelined = dataclasses.replace(V4_GLUON, gluon="pipelined")
+    v4 = _plan(fmt="fp8_ds_mla_v4", config=v4_pipelined, block_size=64, extra_width=512)
+    assert v4.family == DS_MLA_V4_GLUON
 
 
 @pytest.mark.parametrize(
     "why, kw, word",
     [
-        ("V4 record, pipelined", dict(fmt="fp8_ds_mla_v4"), "kv_format"),
+        (
+            "V4 record, unknown form",
+            dict(fmt="fp8_ds_mla_v4", config=dataclasses.replace(V4_GLUON, gluon="tma")),
+            "kv_format",
+        ),
         (
             "V4 record, fp16 MMAs",
             dict(fmt="fp8_ds_mla_v4", config=dataclasses.replace(V4_GLUON, fp16_mma=True)),
@@ -154,8 +162,11 @@ def test_gluon_kernel_compiles_for_sm90(tmp_path):
         )
     v4 = dict(base, fmt="fp8_ds_mla_v4", fp16_mma=False, fp16_fold=False, gluon="specialized")
     v4.update(rope=0, has_counts=True, has_bt=False, store_lse=True, sink=True)
-    jobs["v4-extra-paged"] = dict(v4, split=False, extra="paged")
-    jobs["v4-extra-bt-split"] = dict(v4, split=True, extra="bt", has_bt=True)
+    for v4_form in ("specialized", "pipelined"):
+        v4f = dict(v4, gluon=v4_form)
+        jobs[f"v4-{v4_form}-extra-paged"] = dict(v4f, split=False, extra="paged")
+        jobs[f"v4-{v4_form}-extra-bt-split"] = dict(v4f, split=True, extra="bt", has_bt=True)
+        jobs[f"v4-{v4_form}-plain"] = dict(v4f, split=False, sink=False, has_counts=False)
     here = Path(__file__).resolve().parent
     (tmp_path / "jobs.json").write_text(json.dumps(jobs))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -169,12 +180,9 @@ def test_gluon_kernel_compiles_for_sm90(tmp_path):
     )
     results = json.loads((tmp_path / "out.json").read_text())
     for key, res in results.items():
-        if key.startswith("v4"):
-            name = "sparse_mla_ds_mla_v4_sm90_gluon_ws_kernel"
-        else:
-            name = "sparse_mla_ds_mla_sm90_gluon_" + (
-                "ws_kernel" if "specialized" in key else "kernel"
-            )
+        family = "ds_mla_v4" if key.startswith("v4") else "ds_mla"
+        form = "ws_kernel" if "specialized" in key else "kernel"
+        name = f"sparse_mla_{family}_sm90_gluon_{form}"
         kernel = res[name]
         assert "error" not in kernel, (key, kernel)
         assert kernel["shared"] <= SM90_SMEM, (key, kernel)
@@ -288,6 +296,9 @@ def test_gluon_kernel_takes_the_launchers_arguments():
     triton_runtime, _ = kernel_params(launch.FORWARD["ds_mla"])
     plans = [_plan(config=dataclasses.replace(GLUON, gluon=form)) for form in FORMS]
     plans.append(_plan(fmt="fp8_ds_mla_v4", config=V4_GLUON))
+    plans.append(
+        _plan(fmt="fp8_ds_mla_v4", config=dataclasses.replace(V4_GLUON, gluon="pipelined"))
+    )
     for plan in plans:
         runtime, const = kernel_params(launch.FORWARD[plan.family])
         assert runtime == triton_runtime
@@ -298,8 +309,9 @@ def test_gluon_kernel_takes_the_launchers_arguments():
 @pytest.mark.skipif(not HAS_GPU, reason="Gluon kernels run on a GPU only")
 @pytest.mark.parametrize("tokens, splits", [(3, 1), (40, 2)])
 @pytest.mark.parametrize("holes", [False, True])
-def test_gluon_v4_matches_the_reference(tokens, splits, holes):
-    """DeepSeek-V4's decode (window + compressed set, sink, counts) on the Gluon kernel."""
+@pytest.mark.parametrize("form", FORMS)
+def test_gluon_v4_matches_the_reference(tokens, splits, holes, form):
+    """DeepSeek-V4's decode (window + compressed set, sink, counts) on both Gluon kernels."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Gluon kernel is sm90's")
     case = deepseek_v4_case(tokens, 64, rows=8192, holes=holes)
@@ -313,7 +325,7 @@ def test_gluon_v4_matches_the_reference(tokens, splits, holes):
         compute_dtype=torch.float64,
         **inp.kwargs,
     )
-    cfg = dataclasses.replace(V4_GLUON, num_splits=splits)
+    cfg = dataclasses.replace(V4_GLUON, num_splits=splits, gluon=form)
     out = poison_(torch.empty(tokens, 64, 512, dtype=torch.bfloat16, device=DEVICE))
     _, lse = sparse_mla(
         inp.q,

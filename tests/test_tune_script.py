@@ -179,3 +179,24 @@ def test_max_seconds_stops_starting_configurations(
     else:
         assert not (tmp_path / "tune.json").exists()
         assert f"{expected} configurations not run" in out
+
+
+def test_gluon_sweep_plans_on_sm90(tune, monkeypatch):
+    """On sm90 every case times the Triton tile and each Gluon kernel of its format in the same
+    tile and split count, all plans the kernels run (the V4 record: rope 0, its extra set)."""
+    from triton_mla_sparse.ops.sparse_mla.plan import GLUON_FAMILY
+
+    arch = next(a for a in TARGETS if a.backend == "cuda" and a.cc == 90)
+    monkeypatch.setattr(tune, "arch_of", lambda device: arch)
+    cases, configs = tune.SWEEPS["gluon"]
+    for case in cases:
+        cfgs = configs(case)
+        assert cfgs[0].gluon is None and {c.gluon for c in cfgs[1:]} == {
+            form for fmt, form in GLUON_FAMILY if fmt == case.kv_format
+        }
+        assert len({(c.block_h, c.block_n, c.num_splits) for c in cfgs}) == 1
+        v4 = case.kv_format == "fp8_ds_mla_v4"
+        kw = dict(extra_width=case.extra_topk) if v4 and case.extra_topk else {}
+        for cfg in cfgs:
+            plan = plan_of(case, cfg, arch, rope=0 if v4 else 64, **kw)
+            assert plan.config.gluon == cfg.gluon

@@ -186,7 +186,8 @@ def gluon_tiles(c: Case) -> list[KernelConfig]:
     """The Triton kernel's 64 x 64 tile beside the sm90 kernels in Gluon (KernelConfig.gluon)
     in the same tile and split count: fp8_ds_mla "pipelined" (gathers a step ahead in a
     two-slot ring, one wait per MMA chain) and "specialized" (dequantizing warps feeding the MMA
-    warps a ring of fp16 tiles); DeepSeek-V4's record "specialized" (a ring of bf16 tiles, both
+    warps a ring of fp16 tiles); DeepSeek-V4's record in both forms (a ring of raw bytes
+    dequantized in the MMA warps, or a ring of bf16 tiles from a dequantizing warpgroup; both
     index sets). The default (the heuristics' choice) is one of them where it runs Gluon."""
     arch = arch_of(torch.device("cuda"))
     width = c.topk + c.extra_topk
@@ -194,7 +195,10 @@ def gluon_tiles(c: Case) -> list[KernelConfig]:
     if not (base.block_h == 64 and base.block_n == 64):
         return []
     if c.kv_format == "fp8_ds_mla_v4":  # the record's warp-specialized kernel (bf16 fold)
-        return [base, dataclasses.replace(base, gluon="specialized", num_stages=1)]
+        return [base] + [
+            dataclasses.replace(base, gluon=form, num_stages=1, idx_ahead=False)
+            for form in ("pipelined", "specialized")
+        ]
     if not base.fp16_fold:
         return []
     return [base] + [

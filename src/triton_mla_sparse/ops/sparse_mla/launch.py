@@ -19,7 +19,9 @@ from .plan import (
     DS_MLA_GLUON,
     DS_MLA_GLUON_WS,
     DS_MLA_V4,
+    DS_MLA_V4_GLUON,
     DS_MLA_V4_GLUON_WS,
+    GLUON_ASYNC_FAMILIES,
     LATENT,
     LaunchPlan,
     gluon_gathers_aligned,
@@ -36,11 +38,15 @@ try:  # a Triton without Gluon's Hopper layer has no such kernel (plans asking f
         sparse_mla_ds_mla_sm90_gluon_kernel,
         sparse_mla_ds_mla_sm90_gluon_ws_kernel,
     )
-    from .kernels.ds_mla_v4_sm90_gluon import sparse_mla_ds_mla_v4_sm90_gluon_ws_kernel
+    from .kernels.ds_mla_v4_sm90_gluon import (
+        sparse_mla_ds_mla_v4_sm90_gluon_kernel,
+        sparse_mla_ds_mla_v4_sm90_gluon_ws_kernel,
+    )
 
     FORWARD[DS_MLA_GLUON] = sparse_mla_ds_mla_sm90_gluon_kernel
     FORWARD[DS_MLA_GLUON_WS] = sparse_mla_ds_mla_sm90_gluon_ws_kernel
     FORWARD[DS_MLA_V4_GLUON_WS] = sparse_mla_ds_mla_v4_sm90_gluon_ws_kernel
+    FORWARD[DS_MLA_V4_GLUON] = sparse_mla_ds_mla_v4_sm90_gluon_kernel
 except ImportError:  # pragma: no cover - depends on the installed Triton
     pass
 
@@ -117,16 +123,22 @@ def launch_sparse_mla(
     T, H, _ = q_lat.shape
     W = indices.shape[1]
     num_rows, page, s_kb, s_kr, s_kd = _cache_geometry(kv_cache)
-    if plan.family in (DS_MLA_GLUON, DS_MLA_GLUON_WS) and not gluon_gathers_aligned(
-        s_kb, s_kr, kv_cache.data_ptr()
-    ):
+    if plan.family in GLUON_ASYNC_FAMILIES:
         # the Gluon kernels gather 16-byte vectors (cp.async) without checking alignment
-        raise ValueError(
-            f"the Gluon fp8_ds_mla kernels need a 16-byte aligned kv_cache with page and row "
-            f"strides in multiples of 16 bytes; got kv_cache of shape "
-            f"{tuple(kv_cache.shape)}, strides {tuple(kv_cache.stride())}, address "
-            f"{kv_cache.data_ptr():#x}"
-        )
+        # (the V4 record's rows sit at slot * 576 bytes from their page's start, whatever the
+        # tensor's row stride says: only its page stride counts)
+        dims = 1 if plan.family == DS_MLA_V4_GLUON else -1
+        for name, cache in (("kv_cache", kv_cache), ("extra_kv_cache", extra_kv_cache)):
+            if cache is not None and not gluon_gathers_aligned(
+                *cache.stride()[:dims], cache.data_ptr()
+            ):
+                raise ValueError(
+                    f"the cp.async Gluon kernels need a 16-byte aligned {name} with its "
+                    f"strides {'(but the last) ' if dims < 0 else '(the page stride) '}in "
+                    f"multiples of 16 bytes; got {name} of shape "
+                    f"{tuple(cache.shape)}, strides {tuple(cache.stride())}, address "
+                    f"{cache.data_ptr():#x}"
+                )
     dummy = indices  # any tensor, for pointers a variant never reads
     q_r = q_rope if q_rope is not None else q_lat
     if plan.workspace is not None:

@@ -36,6 +36,7 @@ DS_MLA_GLUON = "ds_mla_sm90_gluon"
 DS_MLA_GLUON_WS = "ds_mla_sm90_gluon_ws"
 # the V4 record's sm90 kernel in Gluon: DS_MLA_V4's arguments and constexprs
 DS_MLA_V4_GLUON_WS = "ds_mla_v4_sm90_gluon_ws"
+DS_MLA_V4_GLUON = "ds_mla_v4_sm90_gluon"
 # the q / key width the Gluon kernels are written for (both records' 512-wide rows)
 GLUON_LATENT = 512
 # bytes the fp8_ds_mla Gluon kernels' 16-byte gathers need the cache's address and strides
@@ -45,7 +46,10 @@ GLUON_FAMILY = {
     ("fp8_ds_mla", "pipelined"): DS_MLA_GLUON,
     ("fp8_ds_mla", "specialized"): DS_MLA_GLUON_WS,
     ("fp8_ds_mla_v4", "specialized"): DS_MLA_V4_GLUON_WS,
+    ("fp8_ds_mla_v4", "pipelined"): DS_MLA_V4_GLUON,
 }
+# the Gluon kernels whose cp.async gathers need 16-byte aligned caches (GLUON_ALIGN)
+GLUON_ASYNC_FAMILIES = frozenset({DS_MLA_GLUON, DS_MLA_GLUON_WS, DS_MLA_V4_GLUON})
 # the families whose rows carry per-group scales (fp8_ds_mla, the V4 record), in either language
 SCALED_FAMILIES = frozenset({DS_MLA, DS_MLA_V4, *GLUON_FAMILY.values()})
 
