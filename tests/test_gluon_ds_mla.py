@@ -21,7 +21,7 @@ import torch
 from conftest import DEVICE, HAS_GPU
 from test_sparse_mla import assert_matches, poison_, poison_unused_rows_
 
-from triton_mla_sparse import KernelConfig, pack_fp8_ds_mla, sparse_mla
+from triton_mla_sparse import KernelConfig, pack_fp8_ds_mla, sparse_mla, sparse_mla_plan
 from triton_mla_sparse.ops.sparse_mla.heuristics import Arch, choose_config
 from triton_mla_sparse.ops.sparse_mla.plan import (
     DS_MLA_GLUON,
@@ -242,8 +242,6 @@ def test_default_call_runs_gluon_only_on_an_aligned_cache(aligned):
     16-byte gathers) gets the Triton kernel (same answer) instead of a refusal."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Gluon kernel is sm90's")
-    from triton_mla_sparse.ops.sparse_mla import launch
-
     g = torch.Generator().manual_seed(11)
     rows, tokens, heads, width = 64 * 64, 4, 64, 700
     packed = _cache(rows, 64, g)
@@ -254,16 +252,11 @@ def test_default_call_runs_gluon_only_on_an_aligned_cache(aligned):
     ref, ref_lse = sparse_mla_reference(
         q, cache, idx, 0.07, kv_format="fp8_ds_mla", return_lse=True, compute_dtype=torch.float64
     )
-    ran = []
-    real = dict(launch.FORWARD)
-    for fam, fn in real.items():
-        launch.FORWARD[fam] = _Recorder(fn, fam, ran)
-    try:
-        out, lse = sparse_mla(q, cache, idx, 0.07, kv_format="fp8_ds_mla", return_lse=True)
-    finally:
-        launch.FORWARD.update(real)
+    args = (q, cache, idx, 0.07)
+    plan = sparse_mla_plan(*args, kv_format="fp8_ds_mla", return_lse=True)
+    assert plan.family == (DS_MLA_GLUON if aligned else "ds_mla"), aligned
+    out, lse = sparse_mla(*args, kv_format="fp8_ds_mla", return_lse=True)
     assert_matches(out, lse, ref, ref_lse, torch.bfloat16)
-    assert ran and ran[0] == (DS_MLA_GLUON if aligned else "ds_mla"), (ran, aligned)
 
 
 def _offset_on_device(packed: torch.Tensor) -> torch.Tensor:
@@ -273,17 +266,6 @@ def _offset_on_device(packed: torch.Tensor) -> torch.Tensor:
     view = buf[8:].view(packed.shape)
     assert view.data_ptr() % 16 == 8
     return view
-
-
-class _Recorder:
-    """A FORWARD entry that notes its family and launches the real kernel."""
-
-    def __init__(self, fn, family: str, ran: list[str]):
-        self.fn, self.family, self.ran = fn, family, ran
-
-    def __getitem__(self, grid):
-        self.ran.append(self.family)
-        return self.fn[grid]
 
 
 def test_gluon_kernel_takes_the_launchers_arguments():

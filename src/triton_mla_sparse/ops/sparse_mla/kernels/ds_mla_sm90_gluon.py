@@ -41,6 +41,7 @@ _BARRIER = getattr(gl, "barrier", None) or gl.thread_barrier
 ROW_BYTES = gl.constexpr(656)  # 512 e4m3, 4 fp32 scales, 64 bf16 rope values
 SCALE_OFFSET = gl.constexpr(512)
 ROPE_OFFSET = gl.constexpr(528)
+LOG2E = gl.constexpr(1.4426950408889634)  # exp(x) = exp2(x * LOG2E)
 NUM_CHUNKS = gl.constexpr(4)  # 128-wide NoPE chunks, one scale each
 FP32_MANTISSA_MASK = gl.constexpr(0x7FFFFF)
 FP32_EXPONENT_MASK = gl.constexpr(0x7F800000)
@@ -116,6 +117,93 @@ def _gather(
         ]
         _ASYNC_LOAD(rope_slot, p_rope, mask=m_n_r[:, None] & (o_r < R)[None, :])
     return m_n
+
+
+@gluon.jit
+def _program_coords(num_hb, num_splits):
+    # program -> (head block, token x split, split, token): the launcher's grid order
+    i_p = gl.program_id(0)
+    i_hb = i_p % num_hb
+    i_ts = i_p // num_hb
+    i_s = i_ts % num_splits
+    i_t = (i_ts // num_splits).to(gl.int64)
+    return i_hb, i_ts, i_s, i_t
+
+
+@gluon.jit
+def _split_range(
+    Counts, i_t, i_s, W, split_len, stride_ct, BLOCK_N: gl.constexpr, HAS_COUNTS: gl.constexpr
+):
+    # split i_s's part [w_lo, w_hi) of token i_t's list (its valid count where given) and its
+    # number of BLOCK_N-row steps
+    w_end = W
+    if HAS_COUNTS:
+        w_end = gl.minimum(gl.load(Counts + i_t * stride_ct), W)
+    w_lo = i_s * split_len
+    w_hi = gl.minimum(w_lo + split_len, w_end)
+    return w_lo, w_hi, gl.cdiv(gl.maximum(w_hi - w_lo, 0), BLOCK_N)
+
+
+@gluon.jit
+def _store_result(
+    b_o,
+    b_m,
+    b_l,
+    b_scale,
+    Sink,
+    Out,
+    Lse,
+    OPart,
+    LsePart,
+    i_t,
+    i_ts,
+    i_hb,
+    H,
+    stride_ot,
+    stride_oh,
+    stride_od,
+    stride_sink,
+    BLOCK_H: gl.constexpr,
+    L: gl.constexpr,
+    SPLIT: gl.constexpr,
+    STORE_LSE: gl.constexpr,
+    HAS_SINK: gl.constexpr,
+    S_LAYOUT: gl.constexpr,
+    O_LAYOUT: gl.constexpr,
+):
+    # the program's result from its running max b_m (log2 units), sum b_l and accumulator b_o
+    # (in units of b_scale): the output (or the split's partial) and its LSE
+    # normalise; an empty (t, split) gives zeros and LSE -inf
+    o_h = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, S_LAYOUT))
+    m_h = o_h < H
+    b_nonempty = b_l > 0.0
+    b_inv = 1.0 / gl.where(b_nonempty, b_l, 1.0)
+    if HAS_SINK and not SPLIT:  # a split's partial leaves the sink to the merge
+        b_sink = gl.load(Sink + o_h * stride_sink, mask=m_h, other=float("-inf")).to(gl.float32)
+        b_m_use = gl.where(b_m == float("-inf"), 0.0, b_m)
+        b_den = b_l + gl.exp2(b_sink * LOG2E - b_m_use)
+        b_inv = gl.where(b_den > 0.0, 1.0 / gl.where(b_den > 0.0, b_den, 1.0), 0.0)
+    b_inv = b_inv * b_scale
+    b_lse = gl.where(
+        b_nonempty, (b_m + gl.log2(gl.where(b_nonempty, b_l, 1.0))) / LOG2E, float("-inf")
+    )
+    o_ho = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, O_LAYOUT))
+    m_ho = o_ho < H
+    o_lo = gl.arange(0, L, layout=gl.SliceLayout(0, O_LAYOUT))
+    b_out = b_o * gl.convert_layout(b_inv, gl.SliceLayout(1, O_LAYOUT))[:, None]
+    if SPLIT:
+        p_o = OPart + (i_ts.to(gl.int64) * H + o_ho)[:, None] * L + o_lo[None, :]
+        gl.store(p_o, b_out, mask=m_ho[:, None])
+        gl.store(LsePart + i_ts.to(gl.int64) * H + o_h, b_lse, mask=m_h)
+    else:
+        p_o = Out + i_t * stride_ot + o_ho.to(gl.int64)[:, None] * stride_oh
+        gl.store(
+            p_o + o_lo[None, :] * stride_od,
+            b_out.to(Out.dtype.element_ty),
+            mask=m_ho[:, None],
+        )
+        if STORE_LSE:
+            gl.store(Lse + i_t * H + o_h, b_lse, mask=m_h)
 
 
 @gluon.jit
@@ -209,7 +297,6 @@ def sparse_mla_ds_mla_sm90_gluon_kernel(
     gl.static_assert(BLOCK_H == 64 and BLOCK_N == 64 and L == 512, "the 64 x 64 tile only")
     gl.static_assert(FOLD_FP16 and FP8_NATIVE, "fp16 MMAs with folded scales, native e4m3")
     gl.static_assert(not HAS_BT and not HAS_EXTRA, "no block table, no extra set")
-    LOG2E: gl.constexpr = 1.4426950408889634
 
     # register layouts (8 warps): S [64 heads, 64 keys] and O [64, 512] both split by columns
     # between the two warpgroups (each computes half the keys' logits: no QK^T twice; P crosses
@@ -238,11 +325,7 @@ def sparse_mla_ds_mla_sm90_gluon_kernel(
         vec=4, per_phase=1, max_phase=1, order=[1, 0]
     )
 
-    i_p = gl.program_id(0)
-    i_hb = i_p % num_hb
-    i_ts = i_p // num_hb
-    i_s = i_ts % num_splits
-    i_t = (i_ts // num_splits).to(gl.int64)
+    i_hb, i_ts, i_s, i_t = _program_coords(num_hb, num_splits)
 
     # q: NoPE part in fp16 (the folded tile's MMA type), rope part as it is (bf16)
     o_hq = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, Q_LAYOUT))
@@ -263,12 +346,9 @@ def sparse_mla_ds_mla_sm90_gluon_kernel(
     rope_ring = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, 64], MMA_SMEM)
     k_s = gl.allocate_shared_memory(gl.float16, [BLOCK_N, L], MMA_SMEM)
 
-    w_end = W
-    if HAS_COUNTS:
-        w_end = gl.minimum(gl.load(Counts + i_t * stride_ct), W)
-    w_lo = i_s * split_len
-    w_hi = gl.minimum(w_lo + split_len, w_end)
-    n_steps = gl.cdiv(gl.maximum(w_hi - w_lo, 0), BLOCK_N)
+    w_lo, w_hi, n_steps = _split_range(
+        Counts, i_t, i_s, W, split_len, stride_ct, BLOCK_N, HAS_COUNTS
+    )
     qk_scale = sm_scale * LOG2E
 
     b_m = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
@@ -381,37 +461,32 @@ def sparse_mla_ds_mla_sm90_gluon_kernel(
         b_o = warpgroup_mma_wait(num_outstanding=0, deps=(b_o,))
     async_copy.wait_group(0)
 
-    # normalise; an empty (t, split) gives zeros and LSE -inf
-    o_h = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, S_LAYOUT))
-    m_h = o_h < H
-    b_nonempty = b_l > 0.0
-    b_inv = 1.0 / gl.where(b_nonempty, b_l, 1.0)
-    if HAS_SINK and not SPLIT:  # a split's partial leaves the sink to the merge
-        b_sink = gl.load(Sink + o_h * stride_sink, mask=m_h, other=float("-inf")).to(gl.float32)
-        b_m_use = gl.where(b_m == float("-inf"), 0.0, b_m)
-        b_den = b_l + gl.exp2(b_sink * LOG2E - b_m_use)
-        b_inv = gl.where(b_den > 0.0, 1.0 / gl.where(b_den > 0.0, b_den, 1.0), 0.0)
-    b_inv = b_inv * b_ref
-    b_lse = gl.where(
-        b_nonempty, (b_m + gl.log2(gl.where(b_nonempty, b_l, 1.0))) / LOG2E, float("-inf")
+    _store_result(
+        b_o,
+        b_m,
+        b_l,
+        b_ref,
+        Sink,
+        Out,
+        Lse,
+        OPart,
+        LsePart,
+        i_t,
+        i_ts,
+        i_hb,
+        H,
+        stride_ot,
+        stride_oh,
+        stride_od,
+        stride_sink,
+        BLOCK_H,
+        L,
+        SPLIT,
+        STORE_LSE,
+        HAS_SINK,
+        S_LAYOUT,
+        O_LAYOUT,
     )
-    o_ho = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, O_LAYOUT))
-    m_ho = o_ho < H
-    o_lo = gl.arange(0, L, layout=gl.SliceLayout(0, O_LAYOUT))
-    b_out = b_o * gl.convert_layout(b_inv, gl.SliceLayout(1, O_LAYOUT))[:, None]
-    if SPLIT:
-        p_o = OPart + (i_ts.to(gl.int64) * H + o_ho)[:, None] * L + o_lo[None, :]
-        gl.store(p_o, b_out, mask=m_ho[:, None])
-        gl.store(LsePart + i_ts.to(gl.int64) * H + o_h, b_lse, mask=m_h)
-    else:
-        p_o = Out + i_t * stride_ot + o_ho.to(gl.int64)[:, None] * stride_oh
-        gl.store(
-            p_o + o_lo[None, :] * stride_od,
-            b_out.to(Out.dtype.element_ty),
-            mask=m_ho[:, None],
-        )
-        if STORE_LSE:
-            gl.store(Lse + i_t * H + o_h, b_lse, mask=m_h)
 
 
 # --- warp-specialized form: dequantizing warps feed a ring of fp16 K tiles to the MMA warps ---
@@ -549,7 +624,6 @@ def _ws_mma(
     HAS_SINK: gl.constexpr,
 ):
     # the consumer (the CTA's own warps): QK^T, the online softmax and PV per published slot
-    LOG2E: gl.constexpr = 1.4426950408889634
     # S and O split by columns between the two warpgroups (no QK^T twice)
     S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 32, 16]
@@ -595,34 +669,32 @@ def _ws_mma(
         _BARRIER()  # both warpgroups are done with the slot before it is handed back
         mbarrier.arrive(empty.index(slot))
 
-    o_h = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, S_LAYOUT))
-    m_h = o_h < H
-    b_nonempty = b_l > 0.0
-    b_inv = 1.0 / gl.where(b_nonempty, b_l, 1.0)
-    if HAS_SINK and not SPLIT:
-        b_sink = gl.load(Sink + o_h * stride_sink, mask=m_h, other=float("-inf")).to(gl.float32)
-        b_m_use = gl.where(b_m == float("-inf"), 0.0, b_m)
-        b_den = b_l + gl.exp2(b_sink * LOG2E - b_m_use)
-        b_inv = gl.where(b_den > 0.0, 1.0 / gl.where(b_den > 0.0, b_den, 1.0), 0.0)
-    b_inv = b_inv * b_ref
-    b_lse = gl.where(
-        b_nonempty, (b_m + gl.log2(gl.where(b_nonempty, b_l, 1.0))) / LOG2E, float("-inf")
+    _store_result(
+        b_o,
+        b_m,
+        b_l,
+        b_ref,
+        Sink,
+        Out,
+        Lse,
+        OPart,
+        LsePart,
+        i_t,
+        i_ts,
+        i_hb,
+        H,
+        stride_ot,
+        stride_oh,
+        stride_od,
+        stride_sink,
+        BLOCK_H,
+        L,
+        SPLIT,
+        STORE_LSE,
+        HAS_SINK,
+        S_LAYOUT,
+        O_LAYOUT,
     )
-    o_ho = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, O_LAYOUT))
-    m_ho = o_ho < H
-    o_lo = gl.arange(0, L, layout=gl.SliceLayout(0, O_LAYOUT))
-    b_out = b_o * gl.convert_layout(b_inv, gl.SliceLayout(1, O_LAYOUT))[:, None]
-    if SPLIT:
-        p_o = OPart + (i_ts.to(gl.int64) * H + o_ho)[:, None] * L + o_lo[None, :]
-        gl.store(p_o, b_out, mask=m_ho[:, None])
-        gl.store(LsePart + i_ts.to(gl.int64) * H + o_h, b_lse, mask=m_h)
-    else:
-        p_o = Out + i_t * stride_ot + o_ho.to(gl.int64)[:, None] * stride_oh
-        gl.store(
-            p_o + o_lo[None, :] * stride_od, b_out.to(Out.dtype.element_ty), mask=m_ho[:, None]
-        )
-        if STORE_LSE:
-            gl.store(Lse + i_t * H + o_h, b_lse, mask=m_h)
 
 
 @gluon.jit
@@ -716,18 +788,13 @@ def sparse_mla_ds_mla_sm90_gluon_ws_kernel(
     gl.static_assert(BLOCK_H == 64 and BLOCK_N == 64 and L == 512, "the 64 x 64 tile only")
     gl.static_assert(FOLD_FP16 and FP8_NATIVE, "fp16 MMAs with folded scales, native e4m3")
     gl.static_assert(not HAS_BT and not HAS_EXTRA, "no block table, no extra set")
-    LOG2E: gl.constexpr = 1.4426950408889634
     Q_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [8, 1], [1, 0])
     MMA_SMEM: gl.constexpr = gl.NVMMASharedLayout(
         swizzle_byte_width=128, element_bitwidth=16, rank=2
     )
     REF_SMEM: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
 
-    i_p = gl.program_id(0)
-    i_hb = i_p % num_hb
-    i_ts = i_p // num_hb
-    i_s = i_ts % num_splits
-    i_t = (i_ts // num_splits).to(gl.int64)
+    i_hb, i_ts, i_s, i_t = _program_coords(num_hb, num_splits)
 
     o_hq = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, Q_LAYOUT))
     m_hq = o_hq < H
@@ -752,12 +819,9 @@ def sparse_mla_ds_mla_sm90_gluon_ws_kernel(
         mbarrier.init(empty.index(i), count=1)
     fence_async_shared()
 
-    w_end = W
-    if HAS_COUNTS:
-        w_end = gl.minimum(gl.load(Counts + i_t * stride_ct), W)
-    w_lo = i_s * split_len
-    w_hi = gl.minimum(w_lo + split_len, w_end)
-    n_steps = gl.cdiv(gl.maximum(w_hi - w_lo, 0), BLOCK_N)
+    w_lo, w_hi, n_steps = _split_range(
+        Counts, i_t, i_s, W, split_len, stride_ct, BLOCK_N, HAS_COUNTS
+    )
     qk_scale = sm_scale * LOG2E
     # (the partition list is written out: Gluon does not take it as a value)
     gl.warp_specialize(

@@ -30,6 +30,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from .ds_mla_sm90_gluon import LOG2E, _program_coords, _split_range, _store_result
+
 # the CTA (or partition) barrier: barrier from Triton 3.8 on, thread_barrier in 3.6
 _BARRIER = getattr(gl, "barrier", None) or gl.thread_barrier
 # cp.async into shared memory: async_load from Triton 3.8 on, async_copy_global_to_shared in 3.6
@@ -343,7 +345,6 @@ def _v4_mma(
     HAS_SINK: gl.constexpr,
 ):
     # the consumer (the CTA's own warps): one QK^T chain, the online softmax, one PV chain
-    LOG2E: gl.constexpr = 1.4426950408889634
     # S and O split by columns between the two warpgroups (no QK^T twice)
     S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 32, 16]
@@ -377,33 +378,32 @@ def _v4_mma(
         _BARRIER()  # both warpgroups are done with the slot before it is handed back
         mbarrier.arrive(empty.index(slot))
 
-    o_h = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, S_LAYOUT))
-    m_h = o_h < H
-    b_nonempty = b_l > 0.0
-    b_inv = 1.0 / gl.where(b_nonempty, b_l, 1.0)
-    if HAS_SINK and not SPLIT:
-        b_sink = gl.load(Sink + o_h * stride_sink, mask=m_h, other=float("-inf")).to(gl.float32)
-        b_m_use = gl.where(b_m == float("-inf"), 0.0, b_m)
-        b_den = b_l + gl.exp2(b_sink * LOG2E - b_m_use)
-        b_inv = gl.where(b_den > 0.0, 1.0 / gl.where(b_den > 0.0, b_den, 1.0), 0.0)
-    b_lse = gl.where(
-        b_nonempty, (b_m + gl.log2(gl.where(b_nonempty, b_l, 1.0))) / LOG2E, float("-inf")
+    _store_result(
+        b_o,
+        b_m,
+        b_l,
+        1.0,
+        Sink,
+        Out,
+        Lse,
+        OPart,
+        LsePart,
+        i_t,
+        i_ts,
+        i_hb,
+        H,
+        stride_ot,
+        stride_oh,
+        stride_od,
+        stride_sink,
+        BLOCK_H,
+        L,
+        SPLIT,
+        STORE_LSE,
+        HAS_SINK,
+        S_LAYOUT,
+        O_LAYOUT,
     )
-    o_ho = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, O_LAYOUT))
-    m_ho = o_ho < H
-    o_lo = gl.arange(0, L, layout=gl.SliceLayout(0, O_LAYOUT))
-    b_out = b_o * gl.convert_layout(b_inv, gl.SliceLayout(1, O_LAYOUT))[:, None]
-    if SPLIT:
-        p_o = OPart + (i_ts.to(gl.int64) * H + o_ho)[:, None] * L + o_lo[None, :]
-        gl.store(p_o, b_out, mask=m_ho[:, None])
-        gl.store(LsePart + i_ts.to(gl.int64) * H + o_h, b_lse, mask=m_h)
-    else:
-        p_o = Out + i_t * stride_ot + o_ho.to(gl.int64)[:, None] * stride_oh
-        gl.store(
-            p_o + o_lo[None, :] * stride_od, b_out.to(Out.dtype.element_ty), mask=m_ho[:, None]
-        )
-        if STORE_LSE:
-            gl.store(Lse + i_t * H + o_h, b_lse, mask=m_h)
 
 
 @gluon.jit
@@ -495,18 +495,13 @@ def sparse_mla_ds_mla_v4_sm90_gluon_ws_kernel(
 ):
     gl.static_assert(BLOCK_H == 64 and BLOCK_N == 64 and L == 512 and R == 0, "64 x 64 tiles")
     gl.static_assert(FP8_NATIVE and not MMA_FP16, "bf16 MMAs, native e4m3")
-    LOG2E: gl.constexpr = 1.4426950408889634
     Q_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [8, 1], [1, 0])
     MMA_SMEM: gl.constexpr = gl.NVMMASharedLayout(
         swizzle_byte_width=128, element_bitwidth=16, rank=2
     )
     MASK_SMEM: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
 
-    i_p = gl.program_id(0)
-    i_hb = i_p % num_hb
-    i_ts = i_p // num_hb
-    i_s = i_ts % num_splits
-    i_t = (i_ts // num_splits).to(gl.int64)
+    i_hb, i_ts, i_s, i_t = _program_coords(num_hb, num_splits)
 
     o_hq = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, Q_LAYOUT))
     m_hq = o_hq < H
@@ -525,15 +520,12 @@ def sparse_mla_ds_mla_v4_sm90_gluon_ws_kernel(
 
     # this split's part of the main list, then of the extra list (shared.py's _split_bounds and
     # _extra_bounds: one sequence of steps, the extra list starting at extra_offset)
-    w_end = W
-    if HAS_COUNTS:
-        w_end = gl.minimum(gl.load(Counts + i_t * stride_ct), W)
+    w_lo, w_hi, n_main = _split_range(
+        Counts, i_t, i_s, W, split_len, stride_ct, BLOCK_N, HAS_COUNTS
+    )
     i_req = 0
     if HAS_BT:
         i_req = gl.load(ReqIds + i_t * stride_rq).to(gl.int64)
-    w_lo = i_s * split_len
-    w_hi = gl.minimum(w_lo + split_len, w_end)
-    n_main = gl.cdiv(gl.maximum(w_hi - w_lo, 0), BLOCK_N)
     n_steps = n_main
     x_lo = 0
     x_hi = 0
@@ -943,7 +935,6 @@ def sparse_mla_ds_mla_v4_sm90_gluon_kernel(
 ):
     gl.static_assert(BLOCK_H == 64 and BLOCK_N == 64 and L == 512 and R == 0, "64 x 64 tiles")
     gl.static_assert(FP8_NATIVE and not MMA_FP16, "bf16 MMAs, native e4m3")
-    LOG2E: gl.constexpr = 1.4426950408889634
     Q_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [8, 1], [1, 0])
     MMA_SMEM: gl.constexpr = gl.NVMMASharedLayout(
         swizzle_byte_width=128, element_bitwidth=16, rank=2
@@ -965,11 +956,7 @@ def sparse_mla_ds_mla_v4_sm90_gluon_kernel(
     SC_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 8], [16, 2], [8, 1], [1, 0])
     DQ_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 16], [16, 2], [8, 1], [1, 0])
 
-    i_p = gl.program_id(0)
-    i_hb = i_p % num_hb
-    i_ts = i_p // num_hb
-    i_s = i_ts % num_splits
-    i_t = (i_ts // num_splits).to(gl.int64)
+    i_hb, i_ts, i_s, i_t = _program_coords(num_hb, num_splits)
 
     o_hq = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, Q_LAYOUT))
     m_hq = o_hq < H
@@ -984,15 +971,12 @@ def sparse_mla_ds_mla_v4_sm90_gluon_kernel(
 
     # this split's part of the main list, then of the extra list (shared.py's _split_bounds and
     # _extra_bounds: one sequence of steps, the extra list starting at extra_offset)
-    w_end = W
-    if HAS_COUNTS:
-        w_end = gl.minimum(gl.load(Counts + i_t * stride_ct), W)
+    w_lo, w_hi, n_main = _split_range(
+        Counts, i_t, i_s, W, split_len, stride_ct, BLOCK_N, HAS_COUNTS
+    )
     i_req = 0
     if HAS_BT:
         i_req = gl.load(ReqIds + i_t * stride_rq).to(gl.int64)
-    w_lo = i_s * split_len
-    w_hi = gl.minimum(w_lo + split_len, w_end)
-    n_main = gl.cdiv(gl.maximum(w_hi - w_lo, 0), BLOCK_N)
     n_steps = n_main
     x_lo = 0
     x_hi = 0
@@ -1152,30 +1136,29 @@ def sparse_mla_ds_mla_v4_sm90_gluon_kernel(
         b_o = warpgroup_mma_wait(num_outstanding=0, deps=(b_o,))
     async_copy.wait_group(0)
 
-    o_h = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, S_LAYOUT))
-    m_h = o_h < H
-    b_nonempty = b_l > 0.0
-    b_inv = 1.0 / gl.where(b_nonempty, b_l, 1.0)
-    if HAS_SINK and not SPLIT:
-        b_sink = gl.load(Sink + o_h * stride_sink, mask=m_h, other=float("-inf")).to(gl.float32)
-        b_m_use = gl.where(b_m == float("-inf"), 0.0, b_m)
-        b_den = b_l + gl.exp2(b_sink * LOG2E - b_m_use)
-        b_inv = gl.where(b_den > 0.0, 1.0 / gl.where(b_den > 0.0, b_den, 1.0), 0.0)
-    b_lse = gl.where(
-        b_nonempty, (b_m + gl.log2(gl.where(b_nonempty, b_l, 1.0))) / LOG2E, float("-inf")
+    _store_result(
+        b_o,
+        b_m,
+        b_l,
+        1.0,
+        Sink,
+        Out,
+        Lse,
+        OPart,
+        LsePart,
+        i_t,
+        i_ts,
+        i_hb,
+        H,
+        stride_ot,
+        stride_oh,
+        stride_od,
+        stride_sink,
+        BLOCK_H,
+        L,
+        SPLIT,
+        STORE_LSE,
+        HAS_SINK,
+        S_LAYOUT,
+        O_LAYOUT,
     )
-    o_ho = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, O_LAYOUT))
-    m_ho = o_ho < H
-    o_lo = gl.arange(0, L, layout=gl.SliceLayout(0, O_LAYOUT))
-    b_out = b_o * gl.convert_layout(b_inv, gl.SliceLayout(1, O_LAYOUT))[:, None]
-    if SPLIT:
-        p_o = OPart + (i_ts.to(gl.int64) * H + o_ho)[:, None] * L + o_lo[None, :]
-        gl.store(p_o, b_out, mask=m_ho[:, None])
-        gl.store(LsePart + i_ts.to(gl.int64) * H + o_h, b_lse, mask=m_h)
-    else:
-        p_o = Out + i_t * stride_ot + o_ho.to(gl.int64)[:, None] * stride_oh
-        gl.store(
-            p_o + o_lo[None, :] * stride_od, b_out.to(Out.dtype.element_ty), mask=m_ho[:, None]
-        )
-        if STORE_LSE:
-            gl.store(Lse + i_t * H + o_h, b_lse, mask=m_h)
