@@ -37,11 +37,31 @@ BLOCK = 1024
 WORKER_REGS = 48
 
 
+# the CTA barrier: barrier from Triton 3.8 on, thread_barrier in 3.6
+_BARRIER = getattr(gl, "barrier", None) or gl.thread_barrier
+
+
 @gluon.jit
-def _double(x_ptr, y_ptr, n, start, BLOCK: gl.constexpr):
+def _double(x_ptr, y_ptr, n, start, BLOCK: gl.constexpr, SCRATCH: gl.constexpr):
     layout: gl.constexpr = gl.BlockedLayout([4], [32], [gl.num_warps()], [0])
     o = start + gl.arange(0, BLOCK, layout=layout)
-    gl.store(y_ptr + o, gl.load(x_ptr + o, mask=o < n) * 2.0, mask=o < n)
+    v = gl.load(x_ptr + o, mask=o < n)
+    if SCRATCH:
+        # what the sparse_mla kernels' MMA warps do: a buffer of their own in shared memory
+        # (which Triton may place over the hand-off words, dead by then), crossed between
+        # threads (stored in one layout, read in another) under the partition's barrier
+        # (bar.sync 0 over the default warps alone)
+        other: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+        flat: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+        buf = gl.allocate_shared_memory(gl.float32, [BLOCK], flat)
+        buf.store(v)
+        _BARRIER()
+        w = buf.load(other)
+        _BARRIER()
+        buf.store(w * 2.0)
+        _BARRIER()
+        v = buf.load(layout) * 0.5
+    gl.store(y_ptr + o, v * 2.0, mask=o < n)
 
 
 @gluon.jit
@@ -62,6 +82,7 @@ def ws_probe_kernel(
     BLOCK: gl.constexpr,
     WORKER_WARPS: gl.constexpr,
     WORKER_REGS: gl.constexpr,
+    SCRATCH: gl.constexpr,
 ):
     # loaded before the split (Triton cannot recompute it in the worker): the worker receives it
     # through Triton's capture words
@@ -69,7 +90,7 @@ def ws_probe_kernel(
     if WORKER_REGS > 0:
         gl.warp_specialize(
             [
-                (_double, (x_ptr, y_ptr, n, start, BLOCK)),
+                (_double, (x_ptr, y_ptr, n, start, BLOCK, SCRATCH)),
                 (_add_one, (a_ptr, b_ptr, n, start, BLOCK)),
             ],
             [WORKER_WARPS],
@@ -78,31 +99,37 @@ def ws_probe_kernel(
     else:
         gl.warp_specialize(
             [
-                (_double, (x_ptr, y_ptr, n, start, BLOCK)),
+                (_double, (x_ptr, y_ptr, n, start, BLOCK, SCRATCH)),
                 (_add_one, (a_ptr, b_ptr, n, start, BLOCK)),
             ],
             [WORKER_WARPS],
         )
 
 
-def compile_only(worker_warps: int, regs: int) -> int:
+def compile_only(worker_warps: int, regs: int, default_warps: int, scratch: bool) -> int:
     from triton.experimental.gluon._runtime import GluonASTSource
 
     sig = {"x_ptr": "*fp32", "y_ptr": "*fp32", "a_ptr": "*fp32", "b_ptr": "*fp32"}
     sig.update(starts_ptr="*i32", n="i32")
-    consts = {"BLOCK": BLOCK, "WORKER_WARPS": worker_warps, "WORKER_REGS": regs}
+    consts = {"BLOCK": BLOCK, "WORKER_WARPS": worker_warps, "WORKER_REGS": regs, "SCRATCH": scratch}
     for k in consts:
         sig[k] = "constexpr"
     src = GluonASTSource(fn=ws_probe_kernel, signature=sig, constexprs=consts)
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    compiled = triton.compile(
+        src, target=GPUTarget("cuda", 90, 32), options={"num_warps": default_warps}
+    )
     ptx = compiled.asm["ptx"]
     counts = {
         "barrier.sync 1": len(re.findall(r"barrier\.sync\s+1;", ptx)),
         "setmaxnreg": ptx.count("setmaxnreg"),
         "st.shared": ptx.count("st.shared"),
         "ld.shared": ptx.count("ld.shared"),
+        "bar.sync 0": len(re.findall(r"bar(?:rier)?\.sync\s+0", ptx)),
     }
-    print(f"Triton {triton.__version__}, sm90, worker warps {worker_warps}, regs {regs}: {counts}")
+    print(
+        f"Triton {triton.__version__}, sm90, default warps {default_warps}, worker warps "
+        f"{worker_warps}, regs {regs}, scratch {scratch}: {counts}"
+    )
     return 0
 
 
@@ -110,11 +137,20 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--regs", action="store_true", help="pass worker_num_regs (setmaxnreg)")
     ap.add_argument("--worker-warps", type=int, default=4)
+    ap.add_argument(
+        "--default-warps", type=int, default=4, help="the default partition's warps (sparse_mla: 8)"
+    )
+    ap.add_argument(
+        "--scratch",
+        action="store_true",
+        help="the default partition crosses its vector between threads through a shared buffer "
+        "of its own under its barrier, as the sparse_mla kernels' MMA warps do",
+    )
     ap.add_argument("--compile-only", action="store_true", help="compile for sm90, print the PTX")
     args = ap.parse_args()
     regs = WORKER_REGS if args.regs else 0
     if args.compile_only:
-        return compile_only(args.worker_warps, regs)
+        return compile_only(args.worker_warps, regs, args.default_warps, args.scratch)
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9:
         print("needs an sm90 or newer GPU (or --compile-only)")
         return 2
@@ -125,7 +161,19 @@ def main() -> int:
     b = torch.full_like(a, float("nan"))
     grid = (triton.cdiv(n, BLOCK),)
     starts = torch.arange(grid[0], device="cuda", dtype=torch.int32) * BLOCK
-    ws_probe_kernel[grid](x, y, a, b, starts, n, BLOCK, args.worker_warps, regs, num_warps=4)
+    ws_probe_kernel[grid](
+        x,
+        y,
+        a,
+        b,
+        starts,
+        n,
+        BLOCK,
+        args.worker_warps,
+        regs,
+        args.scratch,
+        num_warps=args.default_warps,
+    )
     torch.cuda.synchronize()
     ok = torch.equal(y, x * 2.0) and torch.equal(b, a + 1.0)
     print(f"Triton {triton.__version__}: outputs {'correct' if ok else 'WRONG'}")
