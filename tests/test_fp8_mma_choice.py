@@ -54,8 +54,9 @@ def test_fp16_mma_elsewhere(arch, dtype, fmt, heads):
 @pytest.mark.parametrize("heads", [16, 64, 128])
 def test_v4_record_folds_its_scales_where_timed(arch, dtype, tokens, heads):
     """The V4 record runs bf16 MMAs with folded scales with bf16 q on sm80, sm89 and sm90;
-    on sm90 in 16-head blocks below 16 tokens and 64-row two-stage steps in 64-head tiles,
-    elsewhere in fp8_ds_mla's tiles. Every other target and fp16 q keep fp16 MMAs."""
+    on sm90 in 16-head blocks below 16 tokens and, in 64-head tiles, the warp-specialized Gluon
+    kernel (the Triton kernel's tile there: 64-row two-stage steps), elsewhere in fp8_ds_mla's
+    tiles. Every other target and fp16 q keep fp16 MMAs."""
     fmt = "fp8_ds_mla_v4"
     cfg = choose_config(tokens, heads, 128 + 512, dtype, fmt, arch, block_table=True)
     folded = arch.backend == "cuda" and arch.cc in (80, 89, 90) and dtype == torch.bfloat16
@@ -68,7 +69,13 @@ def test_v4_record_folds_its_scales_where_timed(arch, dtype, tokens, heads):
         return
     assert cfg.block_h == (16 if tokens < 16 else min(64, heads))
     if cfg.block_h == 64:
-        assert (cfg.block_n, cfg.num_stages, cfg.stage_dequant) == (64, 2, True)
+        # the warp-specialized Gluon kernel (its ring is its own pipeline: one stage)
+        assert (cfg.block_n, cfg.num_stages, cfg.stage_dequant) == (64, 1, True)
+        assert cfg.gluon == "specialized"
+        triton_tile = choose_config(
+            tokens, heads, 128 + 512, dtype, fmt, arch, block_table=True, gluon=False
+        )
+        assert (triton_tile.block_n, triton_tile.num_stages, triton_tile.gluon) == (64, 2, None)
     else:  # fp8_ds_mla's staged 32-row tiles
         assert (cfg.block_n, cfg.num_stages, cfg.stage_dequant) == (32, 2, True)
 

@@ -101,9 +101,9 @@ def test_gluon_refuses_what_it_does_not_run(why, kw, word):
 def test_heuristics_choose_it_where_timed():
     """sm90 with bf16 q in fp8_ds_mla's folded 64 x 64 tile: the pipelined Gluon kernel; never
     with fp16 q, on other targets, in 16-head tiles, where the caller says the call cannot run it
-    (interpreter, unaligned cache), with a block table or an extra set; never a warp-specialized
-    form (racecheck's report on Triton's partition hand-off is open), so the V4 record keeps its
-    Triton kernel."""
+    (interpreter, unaligned cache), with a block table or an extra set. The V4 record's 64-head
+    tiles (from 16 tokens): the warp-specialized kernel; its 16-head tiles keep the Triton
+    kernel."""
     for t in (1, 16, 128, 4096):
         for h in (64, 128):
             cfg = choose_config(t, h, 2048, torch.bfloat16, "fp8_ds_mla", SM90)
@@ -116,8 +116,8 @@ def test_heuristics_choose_it_where_timed():
     for cc in (80, 89, 100, 120):
         arch = Arch("cuda", cc, 132)
         assert choose_config(128, 64, 2048, torch.bfloat16, "fp8_ds_mla", arch).gluon is None
-    for t in (4, 128):
-        assert choose_config(t, 64, 640, torch.bfloat16, "fp8_ds_mla_v4", SM90).gluon is None
+    assert choose_config(4, 64, 640, torch.bfloat16, "fp8_ds_mla_v4", SM90).gluon is None
+    assert choose_config(128, 64, 640, torch.bfloat16, "fp8_ds_mla_v4", SM90).gluon == "specialized"
     assert choose_config(128, 64, 2048, torch.bfloat16, "auto", SM90).gluon is None
 
 

@@ -1,23 +1,31 @@
 """Does compute-sanitizer racecheck flag Triton's own warp-specialize hand-off?
 
     compute-sanitizer --tool racecheck --racecheck-report all \
-        python benchmarks/reliability/ws_racecheck_probe.py [--regs] [--worker-warps 4]
-    python benchmarks/reliability/ws_racecheck_probe.py --compile-only [--regs]   # no GPU
+        python benchmarks/reliability/ws_racecheck_probe.py [--regs] [--default-warps 8] [--scratch]
+    python benchmarks/reliability/ws_racecheck_probe.py --compile-only [--regs] [--scratch]   # no GPU
 
-The kernel is ``gl.warp_specialize`` with nothing of its own in shared memory: the default
-partition doubles one vector, a worker partition adds one to another, each through registers
-only, and both take a few scalar arguments, one of them loaded before the split. Whatever shared memory the kernel touches is
-Triton's lowering: the state byte each worker warp reads to find its partition and the words
-that carry the captured arguments, written by the default warps and read by the workers on the
-far side of a whole-block ``barrier.sync 1``. The sparse_mla warp-specialized kernels
-(``KernelConfig.gluon="specialized"``) drew racecheck hazards on exactly those words
-(docs/perf-log/27-sanitize-gluon-h200.txt): if this kernel draws the same, the report is about
-the hand-off (the tool's model of it, or the lowering), not about those kernels' rings.
+The kernel is ``gl.warp_specialize``: the default partition doubles one vector, a worker
+partition adds one to another, and both take a few scalar arguments, one of them loaded before
+the split. As it is, all the shared memory it touches is Triton's lowering: the state byte each
+worker warp reads to find its partition and the words that carry the captured arguments,
+written by the default warps and read by the workers on the far side of a whole-block
+``barrier.sync 1``. ``--default-warps 8 --scratch`` gives the default partition the shape of the
+sparse_mla warp-specialized kernels' MMA warps (``KernelConfig.gluon="specialized"``): eight
+warps that cross their vector between threads through a shared buffer of their own under a
+barrier among themselves (``bar.sync 0, 256``).
+
+Measured on an H200 (docs/perf-log/28-sanitize-h200.txt): no report as it is, under Triton 3.6
+and 3.8; with ``--default-warps 8 --scratch`` 3-11 "potential RAW" reports, every one between
+the default warps' store of the exit state and a worker's load of its state byte, which sit on
+opposite sides of a matched whole-block barrier: racecheck's model of that barrier mix, the
+same kind of report the sparse_mla kernels drew (docs/perf-log/27-sanitize-gluon-h200.txt), not
+a race.
 
 On a GPU the outputs are checked and the script exits 1 if one is wrong. ``--regs`` passes
 ``worker_num_regs`` (register reallocation, ``setmaxnreg``, as the sparse_mla kernels do;
 Triton 3.6 requires it). ``--compile-only`` compiles for sm90 ahead of time and prints the
-PTX's hand-off: its ``barrier.sync 1`` count, ``setmaxnreg`` count and shared stores and loads.
+PTX's hand-off: its ``barrier.sync 1`` count, ``setmaxnreg`` count, shared stores and loads and
+``bar.sync 0`` count.
 """
 
 from __future__ import annotations

@@ -85,8 +85,9 @@ class KernelConfig:
     # "pipelined" gathers a step ahead in a two-slot cp.async ring, one wait per MMA chain;
     # "specialized" has four dequantizing warps fill a two-slot ring of fp16 K tiles that the
     # MMA warps consume; no block table, no extra set. The V4 record with bf16 MMAs
-    # (kernels/ds_mla_v4_sm90_gluon.py): "specialized", both sets, block tables. None: the
-    # Triton kernel. The default where timed faster (gluon_form_for).
+    # (kernels/ds_mla_v4_sm90_gluon.py): "pipelined" (one partition, cp.async ring) and
+    # "specialized", both sets, block tables. None: the Triton kernel. The default where timed
+    # faster (gluon_form_for).
     gluon: str | None = None
 
 
@@ -304,20 +305,24 @@ def gluon_form_for(
     extra_set: bool,
 ) -> str | None:
     """The Gluon kernel (KernelConfig.gluon) that runs a call the Triton kernel would run in
-    ``cfg``, or None: fp8_ds_mla's "pipelined" kernel on sm90 with bf16 q in the folded 64 x 64
-    tile of eight warps, without block table or extra set. Timed on the H200 (docs/perf-log/
-    27-gluon-h200.txt, every row checked against float64 first) faster than the Triton kernel
-    at every shape: under Triton 3.8 189 against 210 us at 128 tokens x 64 heads, 357 / 414 at
-    128 x 128, 103 / 119 at 64 x 64, 35.1 / 38.4 at 16 x 64, 14.1 / 14.2 at 1 x 64, prefill
-    4096 x 64 6.19 / 6.60 ms; under 3.6 239 / 286, 457 / 546, 141 / 155, 48.6 / 50.9, 16.6 /
-    18.6, 7.58 / 9.06 ms. compute-sanitizer memcheck, racecheck and synccheck clean.
+    ``cfg``, or None, on sm90 with bf16 q in a 64 x 64 tile of eight warps, where it was timed
+    on the H200 faster than the Triton kernel (docs/perf-log/27-gluon-h200.txt and
+    28-gluon-h200.txt, every row checked against float64 first):
 
-    The warp-specialized kernels ("specialized": fp8_ds_mla, and the V4 record's, which runs
-    both sets and block tables) were faster still in places (fp8_ds_mla under 3.6: 190 / 368
-    us at 128 x 64 / 128; the V4 record 67.1 against 82.8 us at 128 x 64, 45.3 / 51.7 at 64,
-    19.7 / 24.5 at 16) and pass the same tests, but racecheck reports hazards on the shared
-    words through which Triton's warp specialization hands each partition its arguments
-    (docs/RELIABILITY.md): they stay behind KernelConfig.gluon until that is settled.
+    - fp8_ds_mla with the fp16 fold, no block table, no extra set: "pipelined". Under Triton
+      3.8 181.6 against 210.4 us at 128 tokens x 64 heads, 356.5 / 413.8 at 128 x 128, 98.7 /
+      118.4 at 64 x 64, 32.6 / 38.4 at 16 x 64, prefill 4096 x 64 5.7 / 6.5 ms; under 3.6
+      239 / 286 and 457 / 546 (entry 31's code). Its warp-specialized form was slower under 3.8
+      at 128 tokens (200.6 / 386.3 us).
+    - the V4 record (bf16 fold), both sets and block tables: "specialized", 63.1 against 82.9
+      us at 128 tokens x 64 heads, 43.2 / 51.6 at 64, 18.9 / 24.2 at 16 under 3.8 (its
+      pipelined kernel: 85.7 / 51.0 / 21.5); 67.1 / 85.3 at 128 under 3.6 (entry 31's code).
+
+    compute-sanitizer memcheck, racecheck and synccheck report nothing on either under 3.8.
+    racecheck's reports on Triton's warp-specialize hand-off (entry 31, under 3.6) are the
+    tool's: benchmarks/reliability/ws_racecheck_probe.py draws them from a minimal kernel
+    whose flagged accesses sit on either side of a matched whole-block barrier
+    (docs/RELIABILITY.md).
     """
     if not (
         _wgmma(arch)
@@ -327,6 +332,8 @@ def gluon_form_for(
         return None
     if kv_format == "fp8_ds_mla" and cfg.fp16_fold and not (block_table or extra_set):
         return "pipelined"
+    if kv_format == "fp8_ds_mla_v4" and folds_v4_scales(dtype, kv_format, arch):
+        return "specialized"
     return None
 
 
