@@ -21,6 +21,7 @@ from triton_mla_sparse import __version__
 from triton_mla_sparse.bench import case_cost, check_rows, config_label, run_case
 from triton_mla_sparse.cli import bench as bench_cli
 from triton_mla_sparse.cli.main import build_parser, main
+from triton_mla_sparse.ops.sparse_mla import heuristics
 from triton_mla_sparse.ops.sparse_mla.heuristics import KernelConfig
 from triton_mla_sparse.testing import rel_err, sparse_mla_tolerance
 from triton_mla_sparse.workloads import Case, make_inputs
@@ -258,7 +259,9 @@ def test_plan_label_says_what_runs():
     assert " k1 " not in split + " " and "+st" in split and "-pdl" not in split
     assert label(h200, "fp8_ds_mla", 1, 16, on_gpu=False).endswith(" -pdl")
     # the Gluon kernel where it runs, the Triton tile where it cannot
-    assert label(h200, "fp8_ds_mla", 128, 64) == "h64 n64 w8 s1 k1 +st +f16fold +gluon:pipelined"
+    pipelined = heuristics.triton_version() >= heuristics.PIPELINED_DS_MLA_TRITON
+    form = "pipelined" if pipelined else "specialized"
+    assert label(h200, "fp8_ds_mla", 128, 64) == f"h64 n64 w8 s1 k1 +st +f16fold +gluon:{form}"
     triton_tile = label(h200, "fp8_ds_mla", 128, 64, cache_aligned=False)
     assert triton_tile == "h64 n64 w8 s2 k1 +st +f16fold"
     # the split count as run: 2048 indices in 32-row steps cover at most 64 splits

@@ -22,6 +22,7 @@ from conftest import DEVICE, HAS_GPU
 from test_sparse_mla import assert_matches, poison_, poison_unused_rows_
 
 from triton_mla_sparse import KernelConfig, pack_fp8_ds_mla, sparse_mla, sparse_mla_plan
+from triton_mla_sparse.ops.sparse_mla import heuristics
 from triton_mla_sparse.ops.sparse_mla.heuristics import Arch, choose_config
 from triton_mla_sparse.ops.sparse_mla.plan import (
     DS_MLA_GLUON,
@@ -98,16 +99,22 @@ def test_gluon_refuses_what_it_does_not_run(why, kw, word):
     assert word in str(e.value), why
 
 
-def test_heuristics_choose_it_where_timed():
-    """sm90 with bf16 q in fp8_ds_mla's folded 64 x 64 tile: the pipelined Gluon kernel; never
-    with fp16 q, on other targets, in 16-head tiles, where the caller says the call cannot run it
+@pytest.mark.parametrize(
+    "version, ds_mla_form", [((3, 8), "pipelined"), ((3, 9), "pipelined"), ((3, 6), "specialized")]
+)
+def test_heuristics_choose_it_where_timed(monkeypatch, version, ds_mla_form):
+    """sm90 with bf16 q in fp8_ds_mla's folded 64 x 64 tile: the pipelined Gluon kernel under
+    Triton 3.8 on, the warp-specialized one under 3.6 (each the faster there); never with fp16
+    q, on other targets, in 16-head tiles, where the caller says the call cannot run it
     (interpreter, unaligned cache), with a block table or an extra set. The V4 record's 64-head
-    tiles (from 16 tokens): the warp-specialized kernel; its 16-head tiles keep the Triton
-    kernel."""
-    for t in (1, 16, 128, 4096):
+    tiles (from 16 tokens): the warp-specialized kernel under either; its 16-head tiles keep
+    the Triton kernel."""
+    monkeypatch.setattr(heuristics, "triton_version", lambda: version)
+    for t in (1, 15, 16, 128, 4096):
         for h in (64, 128):
             cfg = choose_config(t, h, 2048, torch.bfloat16, "fp8_ds_mla", SM90)
-            assert (cfg.gluon, cfg.num_stages, cfg.idx_ahead) == ("pipelined", 1, False), (t, h)
+            form = "pipelined" if t < 16 else ds_mla_form  # 1 token: pipelined under either
+            assert (cfg.gluon, cfg.num_stages, cfg.idx_ahead) == (form, 1, False), (t, h)
             assert (cfg.block_h, cfg.block_n, cfg.fp16_fold) == (64, 64, True)
     for kw in (dict(block_table=True), dict(extra_set=True), dict(gluon=False)):
         assert choose_config(128, 64, 2048, torch.bfloat16, "fp8_ds_mla", SM90, **kw).gluon is None
@@ -132,7 +139,7 @@ def test_plan_keeps_the_triton_kernel_where_gluon_cannot_run():
     ):
         plan = _plan(config=None, **kw)
         assert plan.config.gluon is None and plan.family == "ds_mla", kw
-    assert _plan(config=None).family == DS_MLA_GLUON
+    assert _plan(config=None).family == DS_MLA_GLUON  # 4 tokens: pipelined under every Triton
 
 
 def test_gluon_kernel_compiles_for_sm90(tmp_path):
@@ -243,6 +250,7 @@ def test_default_call_runs_gluon_only_on_an_aligned_cache(aligned):
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Gluon kernel is sm90's")
     g = torch.Generator().manual_seed(11)
+    # 4 tokens: below 16 the heuristics choose the pipelined form under every Triton
     rows, tokens, heads, width = 64 * 64, 4, 64, 700
     packed = _cache(rows, 64, g)
     cache = packed.to(DEVICE) if aligned else _offset_on_device(packed)

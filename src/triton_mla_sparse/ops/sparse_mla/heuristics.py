@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 
 import torch
 
@@ -108,6 +109,22 @@ V4_H64_CCS = (90, 100)
 # NVIDIA targets whose V4 record runs bf16 MMAs with folded scales under bf16 q
 # (folds_v4_scales): where that form was timed faster (sm80 / sm89 as their PTX on an H200).
 V4_FOLD_CCS = (80, 89, 90)
+
+
+# The first Triton release whose code for the single-partition ("pipelined") fp8_ds_mla Gluon
+# kernel was timed faster than its warp-specialized form (gluon_form_for).
+PIPELINED_DS_MLA_TRITON = (3, 8)
+
+
+@functools.cache
+def triton_version() -> tuple[int, int]:
+    """(major, minor) of the Triton that compiles the kernels."""
+    import triton
+
+    found = re.match(r"(\d+)\.(\d+)", triton.__version__)
+    if found is None:
+        raise RuntimeError(f"cannot read Triton's version from {triton.__version__!r}")
+    return int(found[1]), int(found[2])
 
 
 @functools.cache
@@ -288,7 +305,15 @@ def choose_config(
     if block_table and cfg.idx_ahead:
         # the same tiles and stages with the in-step loop (what block-table calls have run)
         cfg = dataclasses.replace(cfg, idx_ahead=False)
-    form = gluon_form_for(cfg, dtype, kv_format, arch, block_table=block_table, extra_set=extra_set)
+    form = gluon_form_for(
+        cfg,
+        dtype,
+        kv_format,
+        arch,
+        num_tokens=num_tokens,
+        block_table=block_table,
+        extra_set=extra_set,
+    )
     if gluon and form is not None and gluon_available():
         # the Gluon kernels' rings are their own pipeline (one stage in the config's terms)
         cfg = dataclasses.replace(cfg, gluon=form, num_stages=1, idx_ahead=False)
@@ -301,6 +326,7 @@ def gluon_form_for(
     kv_format: str,
     arch: Arch,
     *,
+    num_tokens: int,
     block_table: bool,
     extra_set: bool,
 ) -> str | None:
@@ -309,11 +335,16 @@ def gluon_form_for(
     on the H200 faster than the Triton kernel (docs/perf-log/27-gluon-h200.txt and
     28-gluon-h200.txt, every row checked against float64 first):
 
-    - fp8_ds_mla with the fp16 fold, no block table, no extra set: "pipelined". Under Triton
-      3.8 181.6 against 210.4 us at 128 tokens x 64 heads, 356.5 / 413.8 at 128 x 128, 98.7 /
-      118.4 at 64 x 64, 32.6 / 38.4 at 16 x 64, prefill 4096 x 64 5.7 / 6.5 ms; under 3.6
-      239 / 286 and 457 / 546 (entry 31's code). Its warp-specialized form was slower under 3.8
-      at 128 tokens (200.6 / 386.3 us).
+    - fp8_ds_mla with the fp16 fold, no block table, no extra set: under Triton 3.8
+      "pipelined", 181.6 against 210.4 us at 128 tokens x 64 heads, 356.5 / 413.8 at 128 x
+      128, 98.7 / 118.4 at 64 x 64, 32.6 / 38.4 at 16 x 64, prefill 4096 x 64 5.7 / 6.5 ms
+      (its warp-specialized form: 200.6 / 386.3 us at 128 tokens). Under Triton 3.6 the
+      warp-specialized form is the faster one, 190.0 against 226.2 us (pipelined) and 286.5
+      (Triton) at 128 x 64, 366.5 / 444.8 / 549.4 at 128 x 128, 110.1 / 128.1 / 156.3 at 64 x
+      64, 39.2 / 39.4 / 50.4 at 16 x 64, 60.2 / 66.9 / 84.6 at 16 x 128, prefill 4096 x 64
+      5.76 / 7.09 / 8.95 ms; below 16 tokens the pipelined form stays (1 token: 14.5 against
+      15.4 us at 64 heads, 15.8 / 16.9 at 128; docs/perf-log/29-gluon-h200-t36.txt). Triton
+      releases before 3.8 take that choice; 3.7 was not timed.
     - the V4 record (bf16 fold), both sets and block tables: "specialized", 63.1 against 82.9
       us at 128 tokens x 64 heads, 43.2 / 51.6 at 64, 18.9 / 24.2 at 16 under 3.8 (its
       pipelined kernel: 85.7 / 51.0 / 21.5); 67.1 / 85.3 at 128 under 3.6 (entry 31's code).
@@ -331,7 +362,9 @@ def gluon_form_for(
     ):
         return None
     if kv_format == "fp8_ds_mla" and cfg.fp16_fold and not (block_table or extra_set):
-        return "pipelined"
+        if triton_version() >= PIPELINED_DS_MLA_TRITON or num_tokens < SHORT_DECODE_TOKENS:
+            return "pipelined"
+        return "specialized"
     if kv_format == "fp8_ds_mla_v4" and folds_v4_scales(dtype, kv_format, arch):
         return "specialized"
     return None
