@@ -114,3 +114,32 @@ def test_the_last_emulate_slice_runs_to_the_end(gpu_check, tmp_path):
             (step,) = gpu_check.part_steps(name, args)
             assert step.cmd[step.cmd.index("--skip-cases") + 1] == str(i * gpu_check.EMULATE_SLICE)
             assert ("--max-cases" in step.cmd) == (i < len(names) - 1), (name, step.cmd)
+
+
+def test_the_conformance_slices_cover_each_grid_case_once(gpu_check, tmp_path):
+    """Every case of FlashMLA's grids falls in exactly one conformance part (the slices' -k
+    expressions evaluated as pytest does: case-insensitive substrings of the test's id)."""
+    from _pytest.mark.expression import Expression
+    from test_flashmla_conformance import decode_grid, prefill_grid
+
+    args = argparse.Namespace(jobs=14, out=str(tmp_path))
+    slices = []
+    for name, suite, _ in gpu_check._parts():
+        if suite != "conformance":
+            continue
+        (step,) = gpu_check.part_steps(name, args)
+        target = next(a for a in step.cmd if a.startswith(gpu_check.CONFORMANCE_GRID))
+        expr = step.cmd[step.cmd.index("-k") + 1] if "-k" in step.cmd else None
+        grid_at = step.cmd.index(target)
+        assert step.cmd[grid_at + 1 : grid_at + 3] == ["-m", gpu_check.CONFORMANCE_MARK]
+        slices.append((target.split("::")[1], expr))
+    cases = [("test_decode_grid", c.id) for c in decode_grid()]
+    cases += [("test_prefill_grid", c.id) for c in prefill_grid()]
+    for test, case_id in cases:
+        node = f"{test}[{case_id}]".lower()
+        hits = [
+            (t, e)
+            for t, e in slices
+            if t == test and (e is None or Expression.compile(e).evaluate(node.__contains__))
+        ]
+        assert len(hits) == 1, (case_id, hits)

@@ -18,7 +18,7 @@ process group) its log still ends with pytest's summary of what ran, and the ste
 compute-sanitizer (memcheck, initcheck, racecheck) over every configuration the heuristics
 choose, CUDA-graph replay with new inputs, the sm80/86/89 code paths compiled for their target and
 run here by PTX JIT, and FlashMLA's sparse test grids at FlashMLA's sizes
-(tests/test_flashmla_conformance.py, marker ``conformance_grid``; thousands of cases)
+(tests/test_flashmla_conformance.py, marker ``conformance_grid``; thousands of cases, in four slices)
 (benchmarks/reliability/: reliability.py, sanitize.sh; docs/RELIABILITY.md says what each
 checks).
 
@@ -65,8 +65,18 @@ INTERRUPT_GRACE_S = 15
 # seven racecheck parts of these sizes.
 SANITIZE_SLICES = {"memcheck": 522, "initcheck": 522, "racecheck": 261}
 SANITIZE_CASES = 1673
-# FlashMLA's full sparse test grids: too many cases for quick, one part of full
+# FlashMLA's full sparse test grids: too many cases for quick; parts of full, in slices small
+# enough that each ends with pytest's summary of its failures well inside the step's window
+# (5491 cases: 246 DeepSeek-V3.2 decode, 3552 DeepSeek-V4 decode correctness, 950 DeepSeek-V4
+# decode corner and performance cases, 743 prefill; the whole ran at ~16 cases/s on 14 workers)
 CONFORMANCE_MARK = "conformance_grid"
+CONFORMANCE_GRID = "tests/test_flashmla_conformance.py"
+CONFORMANCE_SLICES = {
+    "decode-v32": ["::test_decode_grid", "v32"],
+    "decode-v4": ["::test_decode_grid", "v4 and corr"],
+    "decode-v4-corner": ["::test_decode_grid", "v4 and not corr"],
+    "prefill": ["::test_prefill_grid", ""],
+}
 EMULATE_SLICE = 350
 EMULATE_CASES = {80: 694, 86: 380, 89: 380}
 
@@ -99,7 +109,8 @@ def _parts() -> list[tuple[str, str, int]]:
         for k in range(-(-SANITIZE_CASES // per)):
             parts.append((f"{tool}-{k}", tool, k))
     parts.append(("graph", "graph", 0))
-    parts.append(("conformance", "conformance", 0))
+    for k, name in enumerate(CONFORMANCE_SLICES):
+        parts.append((f"conformance-{name}", "conformance", k))
     for cc, n in EMULATE_CASES.items():
         for k in range(-(-n // EMULATE_SLICE)):
             parts.append((f"emulate{cc}-{k}", f"emulate{cc}", k))
@@ -175,8 +186,9 @@ def part_steps(part: str, args: argparse.Namespace) -> list[Step]:
     if suite == "conformance":
         pytest = [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider"]
         pytest += xdist_args(args.jobs, _xdist_version())
-        grid = ["tests/test_flashmla_conformance.py", "-m", CONFORMANCE_MARK]
-        return [Step(part, pytest + grid + ["--junitxml", str(out / "conformance.xml")])]
+        test, expr = list(CONFORMANCE_SLICES.values())[k]
+        grid = [CONFORMANCE_GRID + test, "-m", CONFORMANCE_MARK] + (["-k", expr] if expr else [])
+        return [Step(part, pytest + grid + ["--junitxml", str(out / f"{part}.xml")])]
     if suite == "graph":
         return [
             Step(part, rel + ["--suite", "graph", "--jobs", "8", "--log", str(out / "graph.json")])
