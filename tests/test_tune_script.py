@@ -192,7 +192,7 @@ def test_gluon_sweep_plans_on_sm90(tune, monkeypatch):
     for case in cases:
         cfgs = configs(case)
         assert cfgs[0].gluon is None and {c.gluon for c in cfgs[1:]} == {
-            form for fmt, form in GLUON_FAMILY if fmt == case.kv_format
+            form for fmt, form in GLUON_FAMILY if fmt == case.kv_format and form != "ampere"
         }
         assert len({(c.block_h, c.block_n, c.num_splits) for c in cfgs}) == 1
         v4 = case.kv_format == "fp8_ds_mla_v4"
@@ -200,3 +200,22 @@ def test_gluon_sweep_plans_on_sm90(tune, monkeypatch):
         for cfg in cfgs:
             plan = plan_of(case, cfg, arch, rope=0 if v4 else 64, **kw)
             assert plan.config.gluon == cfg.gluon
+
+
+@pytest.mark.parametrize("cc", [80, 89, 90])
+def test_ampere_sweep_plans_on_the_path(tune, monkeypatch, cc):
+    """Each case times the path's Triton tile, then the mma.sync Gluon kernel in the tiles that
+    path's shared memory holds (16 heads on the 99 KB parts), all plans the kernels run."""
+    from triton_mla_sparse.ops.sparse_mla.plan import DS_MLA_AMPERE_GLUON
+
+    arch = next(a for a in TARGETS if a.backend == "cuda" and a.cc == cc)
+    monkeypatch.setattr(tune, "arch_of", lambda device: arch)
+    cases, configs = tune.SWEEPS["ampere"]
+    for case in cases:
+        cfgs = configs(case)
+        assert cfgs[0].gluon is None and all(c.gluon == "ampere" for c in cfgs[1:])
+        heads = {c.block_h for c in cfgs[1:]}
+        assert 16 in heads and (heads == {16}) == (cc == 89 or case.heads <= 16), (cc, case)
+        for cfg in cfgs:
+            plan = plan_of(case, cfg, arch)
+            assert (plan.family == DS_MLA_AMPERE_GLUON) == (cfg.gluon == "ampere")

@@ -1,6 +1,6 @@
 """Sweep launch configurations for key shapes on the GPU: check each against the reference, time it.
 
-    python benchmarks/perf/tune.py [--only mem,mma,small,ds,occ,ds-mma,e4m3,stage,v4] [--out DIR]
+    python benchmarks/perf/tune.py [--only mem,mma,small,ds,occ,ds-mma,e4m3,stage,v4,ampere] [--out DIR]
         [--arch sm80|sm86|sm89] [--tokens 64,128] [--max-seconds S]
 
 Prints one line per configuration and the best per case; writes every row, with the ceilings
@@ -207,6 +207,41 @@ def gluon_tiles(c: Case) -> list[KernelConfig]:
     ]
 
 
+# fp8_ds_mla's mma.sync Gluon kernel (KernelConfig.gluon="ampere"): its tiles, and the shared
+# memory the largest needs (kernels/ds_mla_ampere_gluon.py compiled: 152576 bytes at 64 x 32)
+AMPERE_TILES = ((16, 32, 4), (32, 32, 4), (64, 32, 8))
+AMPERE_BIG_TILE_SMEM = 152576
+
+
+def ampere_tiles(c: Case) -> list[KernelConfig]:
+    """The path's Triton tile beside the mma.sync Gluon kernel in each tile that fits this
+    path's shared memory (16 heads everywhere; 32 and 64 where 152 KB fit: sm80, sm90), each at
+    the split count the heuristics give that tile."""
+    arch = arch_of(torch.device("cuda"))
+    base = triton_config(c, c.topk, arch)
+    out = [base]
+    for block_h, block_n, warps in AMPERE_TILES:
+        if block_h > 16 and arch.smem_bytes < AMPERE_BIG_TILE_SMEM:
+            continue
+        if block_h > 16 and c.heads <= 16:
+            continue
+        programs = c.tokens * -(-c.heads // block_h)
+        splits = num_splits_for(programs, c.topk, block_n, arch.num_sms, block_h)
+        out.append(
+            KernelConfig(
+                block_h,
+                block_n,
+                warps,
+                1,
+                num_splits=splits,
+                stage_dequant=True,
+                fp16_fold=True,
+                gluon="ampere",
+            )
+        )
+    return out
+
+
 def grid(block_h, block_n, warps, stages, splits, **extra):
     combos = itertools.product(block_h, block_n, warps, stages, splits)
     return [KernelConfig(*c, **extra) for c in combos]
@@ -334,6 +369,16 @@ SWEEPS = {
         + [Case("prefill T=4096 H=64", 4096, 64, rows=65536, kv_format="fp8_ds_mla")]
         + [deepseek_v4_case(t, 64) for t in (128, 64, 16)],
         gluon_tiles,
+    ),
+    # fp8_ds_mla on the sm80 / sm89 paths (--arch) or this GPU: the Triton tile against the
+    # mma.sync Gluon kernel
+    "ampere": (
+        [
+            Case(f"decode T={t} H={h}", t, h, kv_format="fp8_ds_mla")
+            for t in (128, 64, 16, 1)
+            for h in (16, 64, 128)
+        ],
+        ampere_tiles,
     ),
     # fp8_ds_mla and DeepSeek-V4 in 64-head folded tiles: indices a step ahead or not
     "ahead": (

@@ -16,6 +16,7 @@ from .kernels import (
 )
 from .plan import (
     DS_MLA,
+    DS_MLA_AMPERE_GLUON,
     DS_MLA_GLUON,
     DS_MLA_GLUON_WS,
     DS_MLA_V4,
@@ -47,6 +48,9 @@ try:  # a Triton without Gluon's Hopper layer has no such kernel (plans asking f
     FORWARD[DS_MLA_GLUON_WS] = sparse_mla_ds_mla_sm90_gluon_ws_kernel
     FORWARD[DS_MLA_V4_GLUON_WS] = sparse_mla_ds_mla_v4_sm90_gluon_ws_kernel
     FORWARD[DS_MLA_V4_GLUON] = sparse_mla_ds_mla_v4_sm90_gluon_kernel
+    from .kernels.ds_mla_ampere_gluon import sparse_mla_ds_mla_ampere_gluon_kernel
+
+    FORWARD[DS_MLA_AMPERE_GLUON] = sparse_mla_ds_mla_ampere_gluon_kernel
 except ImportError:  # pragma: no cover - depends on the installed Triton
     pass
 

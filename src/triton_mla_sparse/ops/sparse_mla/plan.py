@@ -37,6 +37,8 @@ DS_MLA_GLUON_WS = "ds_mla_sm90_gluon_ws"
 # the V4 record's sm90 kernel in Gluon: DS_MLA_V4's arguments and constexprs
 DS_MLA_V4_GLUON_WS = "ds_mla_v4_sm90_gluon_ws"
 DS_MLA_V4_GLUON = "ds_mla_v4_sm90_gluon"
+# fp8_ds_mla's kernel for sm80 / sm86 / sm89 in Gluon (mma.sync; runs on later GPUs too)
+DS_MLA_AMPERE_GLUON = "ds_mla_ampere_gluon"
 # the q / key width the Gluon kernels are written for (both records' 512-wide rows)
 GLUON_LATENT = 512
 # bytes the fp8_ds_mla Gluon kernels' 16-byte gathers need the cache's address and strides
@@ -47,9 +49,16 @@ GLUON_FAMILY = {
     ("fp8_ds_mla", "specialized"): DS_MLA_GLUON_WS,
     ("fp8_ds_mla_v4", "specialized"): DS_MLA_V4_GLUON_WS,
     ("fp8_ds_mla_v4", "pipelined"): DS_MLA_V4_GLUON,
+    ("fp8_ds_mla", "ampere"): DS_MLA_AMPERE_GLUON,
 }
 # the Gluon kernels whose cp.async gathers need 16-byte aligned caches (GLUON_ALIGN)
-GLUON_ASYNC_FAMILIES = frozenset({DS_MLA_GLUON, DS_MLA_GLUON_WS, DS_MLA_V4_GLUON})
+GLUON_ASYNC_FAMILIES = frozenset(
+    {DS_MLA_GLUON, DS_MLA_GLUON_WS, DS_MLA_V4_GLUON, DS_MLA_AMPERE_GLUON}
+)
+# the NVIDIA targets the mma.sync Gluon kernel compiles for (every one from sm80)
+AMPERE_GLUON_MIN_CC = 80
+# its tiles: head rows and key rows in multiples of the mma.sync tile's 16
+AMPERE_GLUON_TILE = 16
 # the families whose rows carry per-group scales (fp8_ds_mla, the V4 record), in either language
 SCALED_FAMILIES = frozenset({DS_MLA, DS_MLA_V4, *GLUON_FAMILY.values()})
 
@@ -150,6 +159,8 @@ def _check_gluon(
             f"kernels are {sorted(GLUON_FAMILY)}"
         )
     v4 = kv_format == "fp8_ds_mla_v4"
+    if family == DS_MLA_AMPERE_GLUON:
+        return _check_ampere_gluon(cfg, dtype, arch, latent, has_bt, has_extra, on_gpu)
     wanted = dict(
         target="cuda:90",
         dtype=torch.bfloat16,
@@ -182,6 +193,35 @@ def _check_gluon(
             f"{wanted}; this call has {bad}"
         )
     return family
+
+
+def _check_ampere_gluon(
+    cfg: KernelConfig, dtype, arch, latent: int, has_bt: bool, has_extra: bool, on_gpu: bool
+) -> str:
+    """DS_MLA_AMPERE_GLUON for a call it runs (kernels/ds_mla_ampere_gluon.py), else a
+    ValueError naming what it does not run."""
+    bad = []
+    if arch.backend != "cuda" or int(arch.cc) < AMPERE_GLUON_MIN_CC:
+        bad.append(f"target {arch.backend}:{arch.cc} (it runs on cuda:{AMPERE_GLUON_MIN_CC} on)")
+    if dtype != torch.bfloat16:
+        bad.append(f"q {dtype} (it runs bf16 q)")
+    for name, rows in (("block_h", cfg.block_h), ("block_n", cfg.block_n)):
+        if rows % AMPERE_GLUON_TILE:
+            bad.append(f"{name}={rows} (multiples of {AMPERE_GLUON_TILE})")
+    if not cfg.fp16_fold:
+        bad.append("fp16_fold=False (it runs the fp16 fold)")
+    if has_bt or has_extra:
+        bad.append("a block table or an extra set")
+    if latent != GLUON_LATENT:
+        bad.append(f"latent {latent} (it runs {GLUON_LATENT})")
+    if not on_gpu:
+        bad.append("Triton's interpreter")
+    if bad:
+        raise ValueError(
+            f"config {cfg} asks for the mma.sync Gluon kernel (gluon='ampere'), which does not "
+            f"run: {'; '.join(bad)}"
+        )
+    return DS_MLA_AMPERE_GLUON
 
 
 def check_config(cfg: KernelConfig, kv_format: str, has_bt: bool) -> None:
@@ -332,7 +372,9 @@ def make_plan(
         fp8_native=fp8_native,
         pdl=pdl,
         fp16_mma=fp16_mma,
+        # the Gluon kernels decode e4m3 their own way (the knob is the Triton kernels')
         e4m3_decode=cfg.e4m3_decode
+        or ("scalar" if cfg.gluon else None)
         or e4m3_decode_for(
             num_tokens,
             cfg.block_h,
@@ -380,7 +422,7 @@ def make_plan(
         )
     else:
         constexprs = dict(common, STAGE=cfg.stage_dequant, FOLD_FP16=cfg.fp16_fold)
-        if family in (DS_MLA, DS_MLA_GLUON, DS_MLA_GLUON_WS):
+        if family in (DS_MLA, DS_MLA_GLUON, DS_MLA_GLUON_WS, DS_MLA_AMPERE_GLUON):
             constexprs["E4M3_DECODE"] = E4M3_DECODE_CONSTEXPR[cfg.e4m3_decode]
     merge = None
     if split:

@@ -1,0 +1,332 @@
+"""fp8_ds_mla decode for sm80 / sm86 / sm89 in Gluon: the pipelined schedule with mma.sync.
+
+The structure of the sm90 pipelined kernel (ds_mla_sm90_gluon.py), written with the operations
+every NVIDIA GPU from sm80 has (Gluon's ``nvidia.ampere``: cp.async, ``mma.sync``), so that it is
+the code path of A100, A10, L40S and RTX 4090 and runs, as it is, on newer GPUs too:
+
+- the rows of step i + 1 (e4m3 bytes, the four fp32 scales, the bf16 rope) are gathered with
+  cp.async into the other half of a two-slot ring while step i is dequantized and multiplied;
+- step i's bytes are dequantized once into an fp16 K tile in shared memory, relative to the
+  step's largest scale (KernelConfig.fp16_fold's numerics), natively on sm89 and later and by
+  bit operations on sm80 / sm86 (no e4m3 conversion instruction there);
+- QK^T and PV are mma.sync products from shared memory (ldmatrix), P from registers.
+
+Any BLOCK_H and BLOCK_N multiple of 16 and any warp count: warps take 16 head rows each, the
+rest split the columns. The runtime argument list is the Triton kernel's; what it does not
+implement (block tables, an extra index set, the integer decode knob) is refused by
+plan.check_config before any launch.
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
+
+from .ds_mla_sm90_gluon import (
+    _BARRIER,
+    LOG2E,
+    NUM_CHUNKS,
+    _gather,
+    _pow2_ref,
+    _program_coords,
+    _split_range,
+    _store_result,
+)
+
+K_SLICE = gl.constexpr(64)  # latent columns per QK^T product
+E4M3_SIGN = gl.constexpr(0x80)
+E4M3_MAGNITUDE = gl.constexpr(0x7F)
+# e4m3's exponent and mantissa bits moved into an fp16's (bias 7 against 15): times 2^8
+E4M3_TO_F16_SHIFT = gl.constexpr(7)
+E4M3_BIAS_FIX = gl.constexpr(256.0)
+
+
+@gluon.jit
+def _e4m3_to_f32(b_u8, NATIVE: gl.constexpr):
+    # e4m3 bytes -> fp32 values, exactly: the hardware conversion where there is one, else the
+    # bytes' sign and magnitude bits placed into fp16 bits (subnormals included: an fp16
+    # subnormal times 2^8 is e4m3's) and rescaled. 0x7F / 0xFF read as +-480, not NaN.
+    if NATIVE:
+        b_f = b_u8.to(gl.float8e4nv, bitcast=True).to(gl.float32)
+    else:
+        b_w = b_u8.to(gl.int16)
+        b_bits = ((b_w & E4M3_SIGN) << 8) | ((b_w & E4M3_MAGNITUDE) << E4M3_TO_F16_SHIFT)
+        b_f = b_bits.to(gl.float16, bitcast=True).to(gl.float32) * E4M3_BIAS_FIX
+    return b_f
+
+
+@gluon.jit
+def sparse_mla_ds_mla_ampere_gluon_kernel(
+    Q_nope,
+    Q_rope,
+    KV,
+    Idx,
+    Counts,
+    BlockTable,
+    ReqIds,
+    KScale,
+    Out,
+    Lse,
+    OPart,
+    LsePart,
+    Sink,
+    sm_scale,
+    k_scale_val,
+    H,
+    W,
+    num_rows,
+    page_size,
+    split_len,
+    num_splits,
+    num_hb,
+    stride_qnt,
+    stride_qnh,
+    stride_qnd,
+    stride_qrt,
+    stride_qrh,
+    stride_qrd,
+    stride_kb,
+    stride_kr,
+    stride_kd,
+    stride_it,
+    stride_iw,
+    stride_btr,
+    stride_btb,
+    stride_ct,
+    stride_rq,
+    bt_block_size,
+    bt_max_blocks,
+    stride_ot,
+    stride_oh,
+    stride_od,
+    stride_sink,
+    ExtraKV,
+    ExtraIdx,
+    ExtraCounts,
+    ExtraBlockTable,
+    extra_width,
+    extra_offset,
+    extra_num_rows,
+    extra_page_size,
+    stride_xkb,
+    stride_xkr,
+    stride_xkd,
+    stride_xit,
+    stride_xiw,
+    stride_xbtr,
+    stride_xbtb,
+    stride_xct,
+    extra_bt_block_size,
+    extra_bt_max_blocks,
+    L: gl.constexpr,
+    R: gl.constexpr,
+    BLOCK_H: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    FP8_NATIVE: gl.constexpr,
+    MMA_FP16: gl.constexpr,
+    FOLD_FP16: gl.constexpr,
+    STAGE: gl.constexpr,
+    E4M3_DECODE: gl.constexpr,
+    IDX_AHEAD: gl.constexpr,
+    HAS_COUNTS: gl.constexpr,
+    HAS_BT: gl.constexpr,
+    BT_SHIFT: gl.constexpr,
+    PAGE_SHIFT: gl.constexpr,
+    SPLIT: gl.constexpr,
+    STORE_LSE: gl.constexpr,
+    DOT_PRECISION: gl.constexpr,
+    PDL: gl.constexpr,
+    HAS_SINK: gl.constexpr,
+    HAS_EXTRA: gl.constexpr,
+    EXTRA_HAS_COUNTS: gl.constexpr,
+    EXTRA_HAS_BT: gl.constexpr,
+    EXTRA_BT_SHIFT: gl.constexpr,
+    EXTRA_PAGE_SHIFT: gl.constexpr,
+):
+
+    gl.static_assert(L == 512, "fp8_ds_mla's 512 NoPE values")
+    gl.static_assert(BLOCK_H % 16 == 0 and BLOCK_N % 16 == 0, "16-row MMA tiles")
+    gl.static_assert(FOLD_FP16 and not E4M3_DECODE, "fp16 MMAs with folded scales")
+    gl.static_assert(not HAS_BT and not HAS_EXTRA, "no block table, no extra set")
+
+    # register layouts: mma.sync tiles, warps over the head rows first (16 each), the rest over
+    # the columns; S [BLOCK_H, BLOCK_N] and O [BLOCK_H, L] in the same arrangement
+    WARPS_M: gl.constexpr = gl.num_warps() if gl.num_warps() < BLOCK_H // 16 else BLOCK_H // 16
+    WARPS_N: gl.constexpr = gl.num_warps() // WARPS_M
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[2, 0], warps_per_cta=[WARPS_M, WARPS_N], instr_shape=[16, 8]
+    )
+    A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+    B_OP: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
+    NOPE_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 16], [2, 16], [gl.num_warps(), 1], [1, 0])
+    SCALE_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 1], [8, 4], [gl.num_warps(), 1], [1, 0])
+    ROPE_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
+    DQ_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [gl.num_warps(), 1], [1, 0])
+    SC_DQ_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [gl.num_warps(), 1], [1, 0])
+    Q_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [gl.num_warps(), 1], [1, 0])
+    # shared layouts: 16-bit MMA operands swizzled for ldmatrix, the raw bytes plain
+    OP_SMEM: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
+    RAW_SMEM: gl.constexpr = gl.SwizzledSharedLayout(vec=16, per_phase=1, max_phase=1, order=[1, 0])
+    SCALE_SMEM: gl.constexpr = gl.SwizzledSharedLayout(
+        vec=4, per_phase=1, max_phase=1, order=[1, 0]
+    )
+
+    i_hb, i_ts, i_s, i_t = _program_coords(num_hb, num_splits)
+
+    # q: NoPE part in fp16 (the folded tile's MMA type), rope part as it is
+    o_hq = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, Q_LAYOUT))
+    m_hq = o_hq < H
+    o_lq = gl.arange(0, L, layout=gl.SliceLayout(0, Q_LAYOUT))
+    p_q = Q_nope + i_t * stride_qnt + o_hq.to(gl.int64)[:, None] * stride_qnh
+    b_q = gl.load(p_q + o_lq[None, :] * stride_qnd, mask=m_hq[:, None], other=0.0)
+    q_s = gl.allocate_shared_memory(gl.float16, [BLOCK_H, L], OP_SMEM, b_q.to(gl.float16))
+    if R > 0:
+        o_rq = gl.arange(0, R, layout=gl.SliceLayout(0, Q_LAYOUT))
+        p_qr = Q_rope + i_t * stride_qrt + o_hq.to(gl.int64)[:, None] * stride_qrh
+        b_qr = gl.load(p_qr + o_rq[None, :] * stride_qrd, mask=m_hq[:, None], other=0.0)
+        qr_s = gl.allocate_shared_memory(Q_rope.dtype.element_ty, [BLOCK_H, R], OP_SMEM, b_qr)
+
+    # the ring (two slots of raw rows) and the dequantized K tile
+    nope_ring = gl.allocate_shared_memory(gl.uint8, [2, BLOCK_N, L], RAW_SMEM)
+    scale_ring = gl.allocate_shared_memory(gl.float32, [2, BLOCK_N, NUM_CHUNKS], SCALE_SMEM)
+    rope_ring = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, 64], OP_SMEM)
+    k_s = gl.allocate_shared_memory(gl.float16, [BLOCK_N, L], OP_SMEM)
+
+    w_lo, w_hi, n_steps = _split_range(
+        Counts, i_t, i_s, W, split_len, stride_ct, BLOCK_N, HAS_COUNTS
+    )
+    qk_scale = sm_scale * LOG2E
+
+    b_m = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(1, MMA))
+    b_l = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(1, MMA))
+    b_o = gl.zeros([BLOCK_H, L], gl.float32, layout=MMA)
+    b_ref = 1.0
+
+    m_next = _gather(
+        KV,
+        Idx,
+        i_t,
+        w_lo,
+        w_hi,
+        stride_it,
+        stride_iw,
+        num_rows,
+        page_size,
+        stride_kb,
+        nope_ring.index(0),
+        scale_ring.index(0),
+        rope_ring.index(0),
+        BLOCK_N,
+        L,
+        R,
+        PAGE_SHIFT,
+        NOPE_LAYOUT,
+        SCALE_LAYOUT,
+        ROPE_LAYOUT,
+    )
+    async_copy.commit_group()
+    for i_step in range(n_steps):
+        slot = i_step % 2
+        w0 = w_lo + i_step * BLOCK_N
+        m_n = m_next
+        # every thread is past its reads of the other slot (the previous step) before it refills
+        _BARRIER()
+        m_next = _gather(
+            KV,
+            Idx,
+            i_t,
+            w0 + BLOCK_N,
+            w_hi,
+            stride_it,
+            stride_iw,
+            num_rows,
+            page_size,
+            stride_kb,
+            nope_ring.index(1 - slot),
+            scale_ring.index(1 - slot),
+            rope_ring.index(1 - slot),
+            BLOCK_N,
+            L,
+            R,
+            PAGE_SHIFT,
+            NOPE_LAYOUT,
+            SCALE_LAYOUT,
+            ROPE_LAYOUT,
+        )
+        async_copy.commit_group()
+        async_copy.wait_group(1)  # this step's rows are in
+        _BARRIER()
+
+        # the step's scales: its largest is the reference the tile is dequantized against
+        b_sc = scale_ring.index(slot).load(SC_DQ_LAYOUT)
+        b_ref_new = _pow2_ref(gl.max(gl.max(b_sc, 1), 0))
+        b_rel = b_sc * (1.0 / b_ref_new)
+        o_g = gl.arange(0, NUM_CHUNKS, layout=gl.SliceLayout(0, SC_DQ_LAYOUT))
+        for c in gl.static_range(NUM_CHUNKS):
+            b_rel_c = gl.sum(gl.where((o_g == c)[None, :], b_rel, 0.0), 1)
+            b_rel_c = gl.convert_layout(b_rel_c, gl.SliceLayout(1, DQ_LAYOUT))  # same rows
+            b_k8 = nope_ring.index(slot).slice(c * 128, 128, dim=1).load(DQ_LAYOUT)
+            b_f = _e4m3_to_f32(b_k8, FP8_NATIVE)
+            k_s.slice(c * 128, 128, dim=1).store((b_f * b_rel_c[:, None]).to(gl.float16))
+        _BARRIER()
+
+        # QK^T: the NoPE product in fp16 (units of the reference) over 64-wide slices of the
+        # latent, the rope product in its own accumulator
+        b_sn = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=MMA)
+        for k in gl.static_range(L // K_SLICE):
+            b_qa = q_s.slice(k * K_SLICE, K_SLICE, dim=1).load(A_OP)
+            b_kb = k_s.slice(k * K_SLICE, K_SLICE, dim=1).permute((1, 0)).load(B_OP)
+            b_sn = mma_v2(b_qa, b_kb, b_sn)
+        b_s = b_sn * b_ref_new
+        if R > 0:
+            b_sr = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=MMA)
+            b_qra = qr_s.load(A_OP)
+            b_krb = rope_ring.index(slot).permute((1, 0)).load(B_OP)
+            b_sr = mma_v2(b_qra, b_krb.to(b_qra.dtype), b_sr)
+            b_s = b_s + b_sr
+
+        # the online softmax step over the valid rows (their validity kept from the gather)
+        m_s = gl.convert_layout(m_n, gl.SliceLayout(0, MMA))
+        b_s = gl.where(m_s[None, :], b_s * qk_scale, float("-inf"))
+        b_m_new = gl.maximum(b_m, gl.max(b_s, 1))
+        b_m_use = gl.where(b_m_new == float("-inf"), 0.0, b_m_new)
+        b_alpha = gl.exp2(b_m - b_m_use)
+        b_p = gl.exp2(b_s - b_m_use[:, None])
+        b_l = b_l * b_alpha + gl.sum(b_p, 1)
+        b_m = b_m_new
+        # the accumulator stays in units of the reference scale
+        b_alpha = b_alpha * (b_ref / b_ref_new)
+        b_ref = b_ref_new
+
+        # PV: P from registers, V (the same K tile) from shared memory
+        b_o = b_o * b_alpha[:, None]
+        b_pa = gl.convert_layout(b_p.to(gl.float16), A_OP)
+        b_vb = k_s.load(B_OP)
+        b_o = mma_v2(b_pa, b_vb, b_o)
+    async_copy.wait_group(0)
+
+    _store_result(
+        b_o,
+        b_m,
+        b_l,
+        b_ref,
+        Sink,
+        Out,
+        Lse,
+        OPart,
+        LsePart,
+        i_t,
+        i_ts,
+        i_hb,
+        H,
+        stride_ot,
+        stride_oh,
+        stride_od,
+        stride_sink,
+        BLOCK_H,
+        L,
+        SPLIT,
+        STORE_LSE,
+        HAS_SINK,
+        MMA,
+        MMA,
+    )

@@ -1,0 +1,216 @@
+"""fp8_ds_mla's mma.sync kernel in Gluon (KernelConfig.gluon="ampere"; kernels/ds_mla_ampere_gluon.py).
+
+Without a GPU: the plan refuses every call the kernel does not implement, and the kernel compiles
+ahead of time for sm80, sm86, sm89 and sm90 under the installed Triton, inside each target's
+shared memory and without spills in the tiles the Triton kernel runs there. On a GPU (sm80 or
+newer: cp.async and mma.sync exist on all of them): every output against the float64 reference
+with poisoned outputs and NaN rows nothing points at, -1 runs, a token with no valid index,
+valid counts, a sink, splits, pages, NoPE, both e4m3 decodes (the hardware conversion and the
+bit decode sm80 / sm86 run); on an sm90 GPU the sm80 and sm89 code too, by PTX JIT.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import DEVICE, HAS_GPU
+from test_gluon_ds_mla import _cache
+from test_sparse_mla import assert_matches, poison_, poison_unused_rows_
+
+from triton_mla_sparse import KernelConfig, sparse_mla
+from triton_mla_sparse.ops.sparse_mla.heuristics import Arch
+from triton_mla_sparse.ops.sparse_mla.plan import DS_MLA_AMPERE_GLUON, make_plan
+from triton_mla_sparse.reference import sparse_mla_reference
+
+AMPERE = KernelConfig(16, 32, 4, 1, stage_dequant=True, fp16_fold=True, gluon="ampere")
+# the tiles the Triton kernel runs fp8_ds_mla in on sm80 / sm89 (heuristics.choose_config),
+# and one between
+TILES = [(16, 32, 4), (32, 32, 4), (64, 32, 8)]
+
+
+SM80 = Arch("cuda", 80, 108)
+
+
+def _plan(arch=SM80, config=AMPERE, dtype=torch.bfloat16, on_gpu=True, **kw):
+    return make_plan(
+        num_tokens=4,
+        num_heads=64,
+        latent=512,
+        rope=64,
+        width=2048,
+        dtype=dtype,
+        kv_format="fp8_ds_mla",
+        arch=arch,
+        config=config,
+        on_gpu=on_gpu,
+        **kw,
+    )
+
+
+def test_plan_names_the_family_on_every_nvidia_target_from_sm80():
+    for cc in (80, 86, 89, 90, 100, 120):
+        assert _plan(Arch("cuda", cc, 100)).family == DS_MLA_AMPERE_GLUON
+    # its own decode: the Triton kernels' e4m3 knob stays at its neutral value
+    assert _plan().config.e4m3_decode == "scalar"
+
+
+@pytest.mark.parametrize(
+    "why, kw, word",
+    [
+        ("AMD", dict(arch=Arch("hip", "gfx942", 304, 64)), "target"),
+        ("fp16 q", dict(dtype=torch.float16), "q torch.float16"),
+        ("24-head tile", dict(config=dataclasses.replace(AMPERE, block_h=24)), "block_h=24"),
+        ("no fold", dict(config=dataclasses.replace(AMPERE, fp16_fold=False)), "fp16_fold"),
+        ("block table", dict(block_size=64), "block table"),
+        ("extra set", dict(extra_width=128), "extra set"),
+        ("interpreter", dict(on_gpu=False), "interpreter"),
+    ],
+)
+def test_plan_refuses_what_it_does_not_run(why, kw, word):
+    with pytest.raises(ValueError, match="gluon='ampere'") as e:
+        _plan(**kw)
+    assert word in str(e.value), why
+
+
+def test_compiles_for_sm80_to_sm90(tmp_path):
+    """Ahead of time, under the installed Triton: every tile inside its target's shared memory
+    where that target can hold it, and the Triton kernel's own tiles there without spills."""
+    targets = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}
+    base = dict(
+        dtype="bf16",
+        fmt="fp8_ds_mla",
+        num_stages=1,
+        stage_dequant=True,
+        fp16_mma=True,
+        fp16_fold=True,
+        gluon="ampere",
+        has_bt=False,
+    )
+    jobs = {}
+    for cc in targets:
+        for bh, bn, w in TILES:
+            tile = dict(base, arch=f"cuda:{cc}", block_h=bh, block_n=bn, num_warps=w)
+            jobs[f"{cc}-{bh}-{bn}-serving"] = dict(
+                tile, split=True, rope=64, has_counts=True, store_lse=True, sink=True
+            )
+            jobs[f"{cc}-{bh}-{bn}-nope"] = dict(
+                tile, split=False, rope=0, has_counts=False, store_lse=False
+            )
+    here = Path(__file__).resolve().parent
+    (tmp_path / "jobs.json").write_text(json.dumps(jobs))
+    (tmp_path / "asm").mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(here.parent / "src"), env.get("PYTHONPATH", "")])
+    env["TMS_ASM_DIR"] = str(tmp_path / "asm")
+    subprocess.run(
+        [sys.executable, str(here / "aot_compile.py"), "jobs.json", "out.json"],
+        cwd=tmp_path,
+        env=env,
+        check=True,
+        timeout=900,
+    )
+    results = json.loads((tmp_path / "out.json").read_text())
+    fits = set()
+    for key, res in results.items():
+        kernel = res["sparse_mla_ds_mla_ampere_gluon_kernel"]
+        assert "error" not in kernel, (key, kernel)
+        cc, bh = (int(x) for x in key.split("-")[:2])
+        if kernel["shared"] <= targets[cc]:
+            fits.add((cc, bh))
+    # the 16-head tile fits every target (the 99 KB parts' only tile), the 64-head one sm80
+    assert {(cc, 16) for cc in targets} <= fits
+    assert {(80, 64), (90, 64)} <= fits
+
+
+def _problem(tokens, heads, width, page, rope, sink, g):
+    rows = 48 * 64
+    cache = _cache(rows, page, g).to(DEVICE)
+    idx = torch.stack([torch.randperm(rows, generator=g)[:width] for _ in range(tokens)]).int()
+    idx[0] = -1  # a token with nothing to attend to
+    idx[1, 5:80] = -1  # a run of -1
+    idx[1, 90] = rows + 7  # out of range
+    idx = idx.to(DEVICE)
+    counts = torch.tensor([width, width - 13] + [width // 2] * (tokens - 2), dtype=torch.int32)
+    q = (torch.randn(tokens, heads, 512 + rope, generator=g) * 0.05).bfloat16().to(DEVICE)
+    kw = dict(kv_format="fp8_ds_mla", valid_counts=counts.to(DEVICE))
+    if sink:
+        s = torch.randn(heads, generator=g) * 2.0
+        s[0], s[1] = float("-inf"), float("inf")
+        kw["attn_sink"] = s.to(DEVICE)
+    return cache, idx, q, kw
+
+
+def _run_and_check(cache, idx, q, kw, cfg):
+    ref, ref_lse = sparse_mla_reference(
+        q, cache, idx, 0.07, return_lse=True, compute_dtype=torch.float64, **kw
+    )
+    poison_unused_rows_(cache, idx, **kw)
+    tokens, heads = q.shape[:2]
+    out = poison_(torch.empty(tokens, heads, 512, dtype=torch.bfloat16, device=DEVICE))
+    _, lse = sparse_mla(q, cache, idx, 0.07, return_lse=True, out=out, config=cfg, **kw)
+    assert_matches(out, lse, ref, ref_lse, torch.bfloat16)
+    assert (out[0] == 0).all() and torch.isneginf(lse[0]).all()
+
+
+def _needs_sm80():
+    if not HAS_GPU or torch.version.hip or torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("cp.async and mma.sync: an NVIDIA GPU from sm80")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_GPU, reason="Gluon kernels run on a GPU only")
+@pytest.mark.parametrize("tile", TILES, ids=lambda t: "x".join(map(str, t)))
+@pytest.mark.parametrize("tokens, heads, width, splits", [(3, 64, 300, 1), (5, 40, 1000, 3)])
+@pytest.mark.parametrize("page", [1, 64, 48])
+@pytest.mark.parametrize("rope", [64, 0])
+@pytest.mark.parametrize("sink", [False, True])
+@pytest.mark.parametrize("native", [True, False], ids=["cvt", "bits"])
+def test_matches_the_reference(tile, tokens, heads, width, splits, page, rope, sink, native):
+    _needs_sm80()
+    if native and torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("the e4m3 conversion instruction: sm89 and later")
+    g = torch.Generator().manual_seed(tokens * 7 + page + rope + sink)
+    bh, bn, w = tile
+    cfg = dataclasses.replace(
+        AMPERE, block_h=bh, block_n=bn, num_warps=w, num_splits=splits, fp8_native=native
+    )
+    cache, idx, q, kw = _problem(tokens, heads, width, page, rope, sink, g)
+    if torch.cuda.get_device_properties(0).shared_memory_per_block_optin < 152 * 1024 and bh > 16:
+        pytest.skip("the 32- and 64-head tiles need more than this GPU's shared memory")
+    _run_and_check(cache, idx, q, kw, cfg)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_GPU, reason="Gluon kernels run on a GPU only")
+@pytest.mark.parametrize("cc", [80, 89])
+def test_the_sm80_and_sm89_code_by_ptx_jit(cc, tmp_path):
+    """The code Triton builds for an A100 (the bit decode) and an L40S (the conversion
+    instruction), loaded through the driver's JIT on this newer GPU, against the reference."""
+    _needs_sm80()
+    from triton_mla_sparse.ops.sparse_mla import kernels, launch
+    from triton_mla_sparse.testing import ptx_jit
+
+    dev = torch.device("cuda")
+    why = ptx_jit.refusal(cc, torch.cuda.get_device_capability(dev), hip=False)
+    if why is not None:
+        pytest.skip(why)
+    g = torch.Generator().manual_seed(cc)
+    cache, idx, q, kw = _problem(5, 40, 1000, 64, 64, True, g)
+    cfg = dataclasses.replace(AMPERE, num_splits=3)
+    kernel = launch.FORWARD[DS_MLA_AMPERE_GLUON]
+    emu = ptx_jit.enable(cc, str(tmp_path), reset=[kernel, *kernels.JIT_KERNELS])
+    try:
+        ptx_jit.check_jit(emu, dev)
+        _run_and_check(cache, idx, q, kw, cfg)
+        built = [ptx_jit.describe(k) for k in ptx_jit.loaded(kernel)]
+        assert built and all(b.is_ptx and b.target == f"sm_{cc}" for b in built), built
+        assert all(b.mma == "mma.sync" for b in built), built
+    finally:
+        emu.disable()
