@@ -8,7 +8,7 @@ the code path of A100, A10, L40S and RTX 4090 and runs, as it is, on newer GPUs 
   cp.async into the other half of a two-slot ring while step i is dequantized and multiplied;
 - step i's bytes are dequantized once into an fp16 K tile in shared memory, relative to the
   step's largest scale (KernelConfig.fp16_fold's numerics), natively on sm89 and later and by
-  bit operations on sm80 / sm86 (no e4m3 conversion instruction there);
+  the packed bit decode on sm80 / sm86 (no e4m3 conversion instruction there);
 - QK^T and PV are mma.sync products from shared memory (ldmatrix), P from registers.
 
 Any BLOCK_H and BLOCK_N multiple of 16 and any warp count: warps take 16 head rows each, the
@@ -21,6 +21,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
+from ...e4m3 import E4M3_PACK, E4M3X4_TO_F16X4_PTX
 from .ds_mla_sm90_gluon import (
     _BARRIER,
     LOG2E,
@@ -33,24 +34,27 @@ from .ds_mla_sm90_gluon import (
 )
 
 K_SLICE = gl.constexpr(64)  # latent columns per QK^T product
-E4M3_SIGN = gl.constexpr(0x80)
-E4M3_MAGNITUDE = gl.constexpr(0x7F)
-# e4m3's exponent and mantissa bits moved into an fp16's (bias 7 against 15): times 2^8
-E4M3_TO_F16_SHIFT = gl.constexpr(7)
+# the packed decode's fp16 values are e4m3's times 2^-8 (bias 7 against fp16's 15)
 E4M3_BIAS_FIX = gl.constexpr(256.0)
 
 
 @gluon.jit
 def _e4m3_to_f32(b_u8, NATIVE: gl.constexpr):
-    # e4m3 bytes -> fp32 values, exactly: the hardware conversion where there is one, else the
-    # bytes' sign and magnitude bits placed into fp16 bits (subnormals included: an fp16
-    # subnormal times 2^8 is e4m3's) and rescaled. 0x7F / 0xFF read as +-480, not NaN.
+    # e4m3 bytes -> fp32 values, exactly: the hardware conversion where there is one (sm89+),
+    # else ops/e4m3.py's packed inline-PTX decode (four bytes into two fp16 pairs, two
+    # instructions a value; subnormals included, 0x7F / 0xFF read as +-480, not NaN)
     if NATIVE:
         b_f = b_u8.to(gl.float8e4nv, bitcast=True).to(gl.float32)
     else:
-        b_w = b_u8.to(gl.int16)
-        b_bits = ((b_w & E4M3_SIGN) << 8) | ((b_w & E4M3_MAGNITUDE) << E4M3_TO_F16_SHIFT)
-        b_f = b_bits.to(gl.float16, bitcast=True).to(gl.float32) * E4M3_BIAS_FIX
+        b_h = gl.inline_asm_elementwise(
+            E4M3X4_TO_F16X4_PTX,
+            "=r,=r,r",
+            [b_u8],
+            dtype=gl.float16,
+            is_pure=True,
+            pack=E4M3_PACK,
+        )
+        b_f = b_h.to(gl.float32) * E4M3_BIAS_FIX
     return b_f
 
 
