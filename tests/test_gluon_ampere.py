@@ -1,4 +1,5 @@
-"""fp8_ds_mla's mma.sync kernel in Gluon (KernelConfig.gluon="ampere"; kernels/ds_mla_ampere_gluon.py).
+"""The mma.sync kernels in Gluon (KernelConfig.gluon="ampere"; kernels/ampere_gluon.py):
+fp8_ds_mla rows and rows in q's dtype (kv_format "auto").
 
 Without a GPU: the plan refuses every call the kernel does not implement, and the kernel compiles
 ahead of time for sm80, sm86, sm89 and sm90 under the installed Triton, inside each target's
@@ -26,10 +27,15 @@ from test_sparse_mla import assert_matches, poison_, poison_unused_rows_
 
 from triton_mla_sparse import KernelConfig, sparse_mla
 from triton_mla_sparse.ops.sparse_mla.heuristics import Arch
-from triton_mla_sparse.ops.sparse_mla.plan import DS_MLA_AMPERE_GLUON, make_plan
+from triton_mla_sparse.ops.sparse_mla.plan import (
+    DS_MLA_AMPERE_GLUON,
+    LATENT_AMPERE_GLUON,
+    make_plan,
+)
 from triton_mla_sparse.reference import sparse_mla_reference
 
 AMPERE = KernelConfig(16, 32, 4, 1, stage_dequant=True, fp16_fold=True, gluon="ampere")
+AMPERE_LATENT = KernelConfig(16, 32, 4, 1, gluon="ampere")  # kv_format "auto"
 # the tiles the Triton kernel runs fp8_ds_mla in on sm80 / sm89 (heuristics.choose_config),
 # and one between
 TILES = [(16, 32, 4), (32, 32, 4), (64, 32, 8)]
@@ -38,7 +44,7 @@ TILES = [(16, 32, 4), (32, 32, 4), (64, 32, 8)]
 SM80 = Arch("cuda", 80, 108)
 
 
-def _plan(arch=SM80, config=AMPERE, dtype=torch.bfloat16, on_gpu=True, **kw):
+def _plan(arch=SM80, config=AMPERE, dtype=torch.bfloat16, on_gpu=True, fmt="fp8_ds_mla", **kw):
     return make_plan(
         num_tokens=4,
         num_heads=64,
@@ -46,7 +52,7 @@ def _plan(arch=SM80, config=AMPERE, dtype=torch.bfloat16, on_gpu=True, **kw):
         rope=64,
         width=2048,
         dtype=dtype,
-        kv_format="fp8_ds_mla",
+        kv_format=fmt,
         arch=arch,
         config=config,
         on_gpu=on_gpu,
@@ -57,6 +63,9 @@ def _plan(arch=SM80, config=AMPERE, dtype=torch.bfloat16, on_gpu=True, **kw):
 def test_plan_names_the_family_on_every_nvidia_target_from_sm80():
     for cc in (80, 86, 89, 90, 100, 120):
         assert _plan(Arch("cuda", cc, 100)).family == DS_MLA_AMPERE_GLUON
+        for dtype in (torch.bfloat16, torch.float16):
+            latent = _plan(Arch("cuda", cc, 100), AMPERE_LATENT, dtype, fmt="auto")
+            assert latent.family == LATENT_AMPERE_GLUON
     # its own decode: the Triton kernels' e4m3 knob stays at its neutral value
     assert _plan().config.e4m3_decode == "scalar"
 
@@ -71,12 +80,20 @@ def test_plan_names_the_family_on_every_nvidia_target_from_sm80():
         ("block table", dict(block_size=64), "block table"),
         ("extra set", dict(extra_width=128), "extra set"),
         ("interpreter", dict(on_gpu=False), "interpreter"),
+        ("fp32 q", dict(fmt="auto", config=AMPERE_LATENT, dtype=torch.float32), "torch.float32"),
+        ("block table", dict(fmt="auto", config=AMPERE_LATENT, block_size=64), "block table"),
     ],
 )
 def test_plan_refuses_what_it_does_not_run(why, kw, word):
     with pytest.raises(ValueError, match="gluon='ampere'") as e:
         _plan(**kw)
     assert word in str(e.value), why
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "fp8_ds_mla_v4"])
+def test_no_ampere_kernel_for_the_other_formats(fmt):
+    with pytest.raises(ValueError, match="gluon='ampere'"):
+        _plan(fmt=fmt, config=AMPERE_LATENT)
 
 
 def test_compiles_for_sm80_to_sm90(tmp_path):
@@ -103,6 +120,18 @@ def test_compiles_for_sm80_to_sm90(tmp_path):
             jobs[f"{cc}-{bh}-{bn}-nope"] = dict(
                 tile, split=False, rope=0, has_counts=False, store_lse=False
             )
+            jobs[f"{cc}-{bh}-{bn}-auto"] = dict(
+                tile,
+                fmt="auto",
+                stage_dequant=False,
+                fp16_mma=None,
+                fp16_fold=False,
+                split=True,
+                rope=64,
+                has_counts=True,
+                store_lse=True,
+                sink=True,
+            )
     here = Path(__file__).resolve().parent
     (tmp_path / "jobs.json").write_text(json.dumps(jobs))
     (tmp_path / "asm").mkdir()
@@ -119,7 +148,8 @@ def test_compiles_for_sm80_to_sm90(tmp_path):
     results = json.loads((tmp_path / "out.json").read_text())
     fits = set()
     for key, res in results.items():
-        kernel = res["sparse_mla_ds_mla_ampere_gluon_kernel"]
+        family = "latent" if key.endswith("auto") else "ds_mla"
+        kernel = res[f"sparse_mla_{family}_ampere_gluon_kernel"]
         assert "error" not in kernel, (key, kernel)
         cc, bh = (int(x) for x in key.split("-")[:2])
         if kernel["shared"] <= targets[cc]:
@@ -214,3 +244,48 @@ def test_the_sm80_and_sm89_code_by_ptx_jit(cc, tmp_path):
         assert all(b.mma == "mma.sync" for b in built), built
     finally:
         emu.disable()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_GPU, reason="Gluon kernels run on a GPU only")
+@pytest.mark.parametrize("tile", TILES, ids=lambda t: "x".join(map(str, t)))
+@pytest.mark.parametrize("tokens, heads, width, splits", [(3, 64, 300, 1), (5, 40, 1000, 3)])
+@pytest.mark.parametrize("page", [1, 64, 48])
+@pytest.mark.parametrize("rope", [64, 0])
+@pytest.mark.parametrize("sink", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_latent_rows_match_the_reference(
+    tile, tokens, heads, width, splits, page, rope, sink, dtype
+):
+    """kv_format "auto": rows in q's dtype, read by the MMAs from the ring where they land."""
+    _needs_sm80()
+    if torch.cuda.get_device_properties(0).shared_memory_per_block_optin < 152 * 1024 and (
+        tile[0] > 16
+    ):
+        pytest.skip("the 32- and 64-head tiles need more than this GPU's shared memory")
+    g = torch.Generator().manual_seed(tokens * 11 + page + rope + sink)
+    rows = 48 * 64
+    flat = (torch.randn(rows, 512 + rope, generator=g) * 0.5).to(dtype)
+    cache = (flat.view(rows // page, page, -1) if page > 1 else flat).to(DEVICE)
+    idx = torch.stack([torch.randperm(rows, generator=g)[:width] for _ in range(tokens)]).int()
+    idx[0] = -1
+    idx[1, 5:80] = -1
+    idx[1, 90] = rows + 7
+    idx = idx.to(DEVICE)
+    counts = torch.tensor([width, width - 13] + [width // 2] * (tokens - 2), dtype=torch.int32)
+    q = (torch.randn(tokens, heads, 512 + rope, generator=g) * 0.05).to(dtype).to(DEVICE)
+    kw = dict(valid_counts=counts.to(DEVICE))
+    if sink:
+        s = torch.randn(heads, generator=g) * 2.0
+        s[0], s[1] = float("-inf"), float("inf")
+        kw["attn_sink"] = s.to(DEVICE)
+    ref, ref_lse = sparse_mla_reference(
+        q, cache, idx, 0.07, return_lse=True, compute_dtype=torch.float64, **kw
+    )
+    poison_unused_rows_(cache, idx, **kw)
+    bh, bn, w = tile
+    cfg = dataclasses.replace(AMPERE_LATENT, block_h=bh, block_n=bn, num_warps=w, num_splits=splits)
+    out = poison_(torch.empty(tokens, heads, 512, dtype=dtype, device=DEVICE))
+    _, lse = sparse_mla(q, cache, idx, 0.07, return_lse=True, out=out, config=cfg, **kw)
+    assert_matches(out, lse, ref, ref_lse, dtype)
+    assert (out[0] == 0).all() and torch.isneginf(lse[0]).all()

@@ -207,8 +207,9 @@ def gluon_tiles(c: Case) -> list[KernelConfig]:
     ]
 
 
-# fp8_ds_mla's mma.sync Gluon kernel (KernelConfig.gluon="ampere"): its tiles, and the shared
-# memory the largest needs (kernels/ds_mla_ampere_gluon.py compiled: 152576 bytes at 64 x 32)
+# the mma.sync Gluon kernels (KernelConfig.gluon="ampere"): their tiles, and the shared memory
+# the largest needs (kernels/ampere_gluon.py compiled: fp8_ds_mla 152576 bytes at 64 x 32, bf16
+# rows 151552)
 AMPERE_TILES = ((16, 32, 4), (32, 32, 4), (64, 32, 8))
 AMPERE_BIG_TILE_SMEM = 152576
 
@@ -227,6 +228,7 @@ def ampere_tiles(c: Case) -> list[KernelConfig]:
             continue
         programs = c.tokens * -(-c.heads // block_h)
         splits = num_splits_for(programs, c.topk, block_n, arch.num_sms, block_h)
+        ds_mla = c.kv_format == "fp8_ds_mla"  # its tile dequantized with the fp16 fold
         out.append(
             KernelConfig(
                 block_h,
@@ -234,8 +236,8 @@ def ampere_tiles(c: Case) -> list[KernelConfig]:
                 warps,
                 1,
                 num_splits=splits,
-                stage_dequant=True,
-                fp16_fold=True,
+                stage_dequant=ds_mla,
+                fp16_fold=ds_mla,
                 gluon="ampere",
             )
         )
@@ -370,11 +372,12 @@ SWEEPS = {
         + [deepseek_v4_case(t, 64) for t in (128, 64, 16)],
         gluon_tiles,
     ),
-    # fp8_ds_mla on the sm80 / sm89 paths (--arch) or this GPU: the Triton tile against the
-    # mma.sync Gluon kernel
+    # fp8_ds_mla and bf16 rows on the sm80 / sm89 paths (--arch) or this GPU: the Triton tile
+    # against the mma.sync Gluon kernels
     "ampere": (
         [
-            Case(f"decode T={t} H={h}", t, h, kv_format="fp8_ds_mla")
+            Case(f"decode T={t} H={h}", t, h, kv_format=fmt)
+            for fmt in ("fp8_ds_mla", "auto")
             for t in (128, 64, 16, 1)
             for h in (16, 64, 128)
         ],

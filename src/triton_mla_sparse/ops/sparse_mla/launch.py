@@ -24,6 +24,7 @@ from .plan import (
     DS_MLA_V4_GLUON_WS,
     GLUON_ASYNC_FAMILIES,
     LATENT,
+    LATENT_AMPERE_GLUON,
     LaunchPlan,
     gluon_gathers_aligned,
 )
@@ -48,9 +49,13 @@ try:  # a Triton without Gluon's Hopper layer has no such kernel (plans asking f
     FORWARD[DS_MLA_GLUON_WS] = sparse_mla_ds_mla_sm90_gluon_ws_kernel
     FORWARD[DS_MLA_V4_GLUON_WS] = sparse_mla_ds_mla_v4_sm90_gluon_ws_kernel
     FORWARD[DS_MLA_V4_GLUON] = sparse_mla_ds_mla_v4_sm90_gluon_kernel
-    from .kernels.ds_mla_ampere_gluon import sparse_mla_ds_mla_ampere_gluon_kernel
+    from .kernels.ampere_gluon import (
+        sparse_mla_ds_mla_ampere_gluon_kernel,
+        sparse_mla_latent_ampere_gluon_kernel,
+    )
 
     FORWARD[DS_MLA_AMPERE_GLUON] = sparse_mla_ds_mla_ampere_gluon_kernel
+    FORWARD[LATENT_AMPERE_GLUON] = sparse_mla_latent_ampere_gluon_kernel
 except ImportError:  # pragma: no cover - depends on the installed Triton
     pass
 
@@ -133,12 +138,15 @@ def launch_sparse_mla(
         # tensor's row stride says: only its page stride counts)
         dims = 1 if plan.family == DS_MLA_V4_GLUON else -1
         for name, cache in (("kv_cache", kv_cache), ("extra_kv_cache", extra_kv_cache)):
-            if cache is not None and not gluon_gathers_aligned(
-                *cache.stride()[:dims], cache.data_ptr()
+            if cache is not None and not (
+                gluon_gathers_aligned(
+                    *(s * cache.element_size() for s in cache.stride()[:dims]), cache.data_ptr()
+                )
+                and (dims == 1 or cache.stride(-1) == 1)
             ):
                 raise ValueError(
                     f"the cp.async Gluon kernels need a 16-byte aligned {name} with its "
-                    f"strides {'(but the last) ' if dims < 0 else '(the page stride) '}in "
+                    f"strides {'(but the last, 1) ' if dims < 0 else '(the page stride) '}in "
                     f"multiples of 16 bytes; got {name} of shape "
                     f"{tuple(cache.shape)}, strides {tuple(cache.stride())}, address "
                     f"{cache.data_ptr():#x}"

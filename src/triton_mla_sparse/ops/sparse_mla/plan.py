@@ -37,8 +37,11 @@ DS_MLA_GLUON_WS = "ds_mla_sm90_gluon_ws"
 # the V4 record's sm90 kernel in Gluon: DS_MLA_V4's arguments and constexprs
 DS_MLA_V4_GLUON_WS = "ds_mla_v4_sm90_gluon_ws"
 DS_MLA_V4_GLUON = "ds_mla_v4_sm90_gluon"
-# fp8_ds_mla's kernel for sm80 / sm86 / sm89 in Gluon (mma.sync; runs on later GPUs too)
+# the kernels for sm80 / sm86 / sm89 in Gluon (mma.sync; they run on later GPUs too):
+# fp8_ds_mla's (DS_MLA's arguments and constexprs) and kv_format "auto"'s (LATENT's)
 DS_MLA_AMPERE_GLUON = "ds_mla_ampere_gluon"
+LATENT_AMPERE_GLUON = "latent_ampere_gluon"
+AMPERE_FAMILIES = frozenset({DS_MLA_AMPERE_GLUON, LATENT_AMPERE_GLUON})
 # the q / key width the Gluon kernels are written for (both records' 512-wide rows)
 GLUON_LATENT = 512
 # bytes the fp8_ds_mla Gluon kernels' 16-byte gathers need the cache's address and strides
@@ -50,17 +53,20 @@ GLUON_FAMILY = {
     ("fp8_ds_mla_v4", "specialized"): DS_MLA_V4_GLUON_WS,
     ("fp8_ds_mla_v4", "pipelined"): DS_MLA_V4_GLUON,
     ("fp8_ds_mla", "ampere"): DS_MLA_AMPERE_GLUON,
+    ("auto", "ampere"): LATENT_AMPERE_GLUON,
 }
 # the Gluon kernels whose cp.async gathers need 16-byte aligned caches (GLUON_ALIGN)
 GLUON_ASYNC_FAMILIES = frozenset(
-    {DS_MLA_GLUON, DS_MLA_GLUON_WS, DS_MLA_V4_GLUON, DS_MLA_AMPERE_GLUON}
+    {DS_MLA_GLUON, DS_MLA_GLUON_WS, DS_MLA_V4_GLUON, DS_MLA_AMPERE_GLUON, LATENT_AMPERE_GLUON}
 )
 # the NVIDIA targets the mma.sync Gluon kernel compiles for (every one from sm80)
 AMPERE_GLUON_MIN_CC = 80
 # its tiles: head rows and key rows in multiples of the mma.sync tile's 16
 AMPERE_GLUON_TILE = 16
 # the families whose rows carry per-group scales (fp8_ds_mla, the V4 record), in either language
-SCALED_FAMILIES = frozenset({DS_MLA, DS_MLA_V4, *GLUON_FAMILY.values()})
+SCALED_FAMILIES = frozenset(
+    {DS_MLA, DS_MLA_V4, *(f for (fmt, _), f in GLUON_FAMILY.items() if FAMILY_OF[fmt] != LATENT)}
+)
 
 # The merge holds all splits of BLOCK_L output columns in one [S_PAD, BLOCK_L] fp32 tile: about
 # MERGE_TILE_ELEMENTS of them (32 a thread at its 4 warps), so the more splits the narrower the
@@ -159,8 +165,9 @@ def _check_gluon(
             f"kernels are {sorted(GLUON_FAMILY)}"
         )
     v4 = kv_format == "fp8_ds_mla_v4"
-    if family == DS_MLA_AMPERE_GLUON:
-        return _check_ampere_gluon(cfg, dtype, arch, latent, has_bt, has_extra, on_gpu)
+    if family in AMPERE_FAMILIES:
+        _check_ampere_gluon(cfg, kv_format, dtype, arch, latent, has_bt, has_extra, on_gpu)
+        return family
     wanted = dict(
         target="cuda:90",
         dtype=torch.bfloat16,
@@ -196,19 +203,27 @@ def _check_gluon(
 
 
 def _check_ampere_gluon(
-    cfg: KernelConfig, dtype, arch, latent: int, has_bt: bool, has_extra: bool, on_gpu: bool
-) -> str:
-    """DS_MLA_AMPERE_GLUON for a call it runs (kernels/ds_mla_ampere_gluon.py), else a
-    ValueError naming what it does not run."""
+    cfg: KernelConfig,
+    kv_format: str,
+    dtype,
+    arch,
+    latent: int,
+    has_bt: bool,
+    has_extra: bool,
+    on_gpu: bool,
+) -> None:
+    """A ValueError naming what the mma.sync Gluon kernels (kernels/ampere_gluon.py) do not run,
+    if this call asks for any of it."""
     bad = []
     if arch.backend != "cuda" or int(arch.cc) < AMPERE_GLUON_MIN_CC:
         bad.append(f"target {arch.backend}:{arch.cc} (it runs on cuda:{AMPERE_GLUON_MIN_CC} on)")
-    if dtype != torch.bfloat16:
-        bad.append(f"q {dtype} (it runs bf16 q)")
+    ds_mla = kv_format == "fp8_ds_mla"
+    if dtype != torch.bfloat16 and (ds_mla or dtype != torch.float16):
+        bad.append(f"q {dtype} (it runs bf16 q{'' if ds_mla else ' or fp16'})")
     for name, rows in (("block_h", cfg.block_h), ("block_n", cfg.block_n)):
         if rows % AMPERE_GLUON_TILE:
             bad.append(f"{name}={rows} (multiples of {AMPERE_GLUON_TILE})")
-    if not cfg.fp16_fold:
+    if ds_mla and not cfg.fp16_fold:
         bad.append("fp16_fold=False (it runs the fp16 fold)")
     if has_bt or has_extra:
         bad.append("a block table or an extra set")
@@ -221,7 +236,6 @@ def _check_ampere_gluon(
             f"config {cfg} asks for the mma.sync Gluon kernel (gluon='ampere'), which does not "
             f"run: {'; '.join(bad)}"
         )
-    return DS_MLA_AMPERE_GLUON
 
 
 def check_config(cfg: KernelConfig, kv_format: str, has_bt: bool) -> None:
@@ -413,7 +427,7 @@ def make_plan(
         EXTRA_BT_SHIFT=_shift(extra.bt_block_size) if has_extra else -1,
         EXTRA_PAGE_SHIFT=_shift(extra_page_size) if has_extra else -1,
     )
-    if family == LATENT:
+    if family in (LATENT, LATENT_AMPERE_GLUON):
         constexprs = dict(
             common,
             E4M3=kv_format == "fp8",

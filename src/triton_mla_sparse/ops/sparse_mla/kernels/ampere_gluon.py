@@ -1,20 +1,23 @@
-"""fp8_ds_mla decode for sm80 / sm86 / sm89 in Gluon: the pipelined schedule with mma.sync.
+"""sparse_mla for sm80 / sm86 / sm89 in Gluon: the pipelined schedule with mma.sync.
 
-The structure of the sm90 pipelined kernel (ds_mla_sm90_gluon.py), written with the operations
+The sm90 pipelined Gluon kernel's schedule (ds_mla_sm90_gluon.py), written with the operations
 every NVIDIA GPU from sm80 has (Gluon's ``nvidia.ampere``: cp.async, ``mma.sync``), so that it is
-the code path of A100, A10, L40S and RTX 4090 and runs, as it is, on newer GPUs too:
-
-- the rows of step i + 1 (e4m3 bytes, the four fp32 scales, the bf16 rope) are gathered with
-  cp.async into the other half of a two-slot ring while step i is dequantized and multiplied;
-- step i's bytes are dequantized once into an fp16 K tile in shared memory, relative to the
-  step's largest scale (KernelConfig.fp16_fold's numerics), natively on sm89 and later and by
-  the packed bit decode on sm80 / sm86 (no e4m3 conversion instruction there);
-- QK^T and PV are mma.sync products from shared memory (ldmatrix), P from registers.
-
+the code path of A100, A10, L40S and RTX 4090 and runs, as it is, on newer GPUs too. The rows of
+step i + 1 are gathered with cp.async into the other half of a two-slot ring while step i is
+multiplied; QK^T and PV are mma.sync products from shared memory (ldmatrix), P from registers.
 Any BLOCK_H and BLOCK_N multiple of 16 and any warp count: warps take 16 head rows each, the
-rest split the columns. The runtime argument list is the Triton kernel's; what it does not
-implement (block tables, an extra index set, the integer decode knob) is refused by
-plan.check_config before any launch.
+rest split the columns.
+
+- fp8_ds_mla (sparse_mla_ds_mla_ampere_gluon_kernel): step i's bytes are dequantized once into
+  an fp16 K tile in shared memory, relative to the step's largest scale (KernelConfig.fp16_fold's
+  numerics), with the e4m3 conversion instruction on sm89 and later and ops/e4m3.py's packed
+  decode on sm80 / sm86.
+- rows in q's dtype, kv_format "auto" (sparse_mla_latent_ampere_gluon_kernel): the MMAs read
+  the ring's slot where the rows landed.
+
+The runtime argument lists are the Triton kernels' (ds_mla.py, latent.py); what they do not
+implement (block tables, an extra index set, e4m3 latent rows) is refused by the plan before any
+launch.
 """
 
 from triton.experimental import gluon
@@ -23,6 +26,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from ...e4m3 import E4M3_PACK, E4M3X4_TO_F16X4_PTX
 from .ds_mla_sm90_gluon import (
+    _ASYNC_LOAD,
     _BARRIER,
     LOG2E,
     NUM_CHUNKS,
@@ -313,6 +317,296 @@ def sparse_mla_ds_mla_ampere_gluon_kernel(
         b_m,
         b_l,
         b_ref,
+        Sink,
+        Out,
+        Lse,
+        OPart,
+        LsePart,
+        i_t,
+        i_ts,
+        i_hb,
+        H,
+        stride_ot,
+        stride_oh,
+        stride_od,
+        stride_sink,
+        BLOCK_H,
+        L,
+        SPLIT,
+        STORE_LSE,
+        HAS_SINK,
+        MMA,
+        MMA,
+    )
+
+
+@gluon.jit
+def _gather_latent(
+    KV,
+    Idx,
+    i_t,
+    w0,
+    w_hi,
+    stride_it,
+    stride_iw,
+    num_rows,
+    page_size,
+    stride_kb,
+    stride_kr,
+    nope_slot,
+    rope_slot,
+    BLOCK_N: gl.constexpr,
+    L: gl.constexpr,
+    R: gl.constexpr,
+    PAGE_SHIFT: gl.constexpr,
+    NOPE_LAYOUT: gl.constexpr,
+    ROPE_LAYOUT: gl.constexpr,
+):
+    # cp.async of rows [w0, w0 + BLOCK_N) of token i_t's list (L latent values, then R rope
+    # values, in q's dtype) into one ring slot; masked rows are zero-filled. The rows' validity.
+    idx_layout: gl.constexpr = gl.SliceLayout(1, NOPE_LAYOUT)
+    o_w = w0 + gl.arange(0, BLOCK_N, layout=idx_layout)
+    m_w = o_w < w_hi
+    b_idx = gl.load(Idx + i_t * stride_it + o_w * stride_iw, mask=m_w, other=-1)
+    m_n = (b_idx >= 0) & (b_idx < num_rows)
+    b_idx = gl.where(m_n, b_idx, 0)
+    if PAGE_SHIFT >= 0:
+        b_page = b_idx >> PAGE_SHIFT
+        b_slot = b_idx & ((1 << PAGE_SHIFT) - 1)
+    else:
+        b_page = b_idx // page_size
+        b_slot = b_idx - b_page * page_size
+    o_row = b_page.to(gl.int64) * stride_kb + b_slot.to(gl.int64) * stride_kr
+    o_c = gl.arange(0, L, layout=gl.SliceLayout(0, NOPE_LAYOUT))
+    _ASYNC_LOAD(
+        nope_slot, KV + o_row[:, None] + o_c[None, :], mask=m_n[:, None] & (o_c < L)[None, :]
+    )
+    if R > 0:
+        o_row_r = gl.convert_layout(o_row, gl.SliceLayout(1, ROPE_LAYOUT))
+        m_n_r = gl.convert_layout(m_n, gl.SliceLayout(1, ROPE_LAYOUT))
+        o_r = gl.arange(0, R, layout=gl.SliceLayout(0, ROPE_LAYOUT))
+        p_rope = KV + o_row_r[:, None] + L + o_r[None, :]
+        _ASYNC_LOAD(rope_slot, p_rope, mask=m_n_r[:, None] & (o_r < R)[None, :])
+    return m_n
+
+
+@gluon.jit
+def sparse_mla_latent_ampere_gluon_kernel(
+    Q_nope,  # [T, H, L]
+    Q_rope,  # [T, H, R]
+    KV,  # paged rows: element (row r, col d) at (r // page)*stride_kb + (r % page)*stride_kr + d*stride_kd
+    Idx,  # int32 [T, W]
+    Counts,  # int32 [T], any stride (HAS_COUNTS)
+    BlockTable,  # int32 [num_reqs, max_blocks] (HAS_BT)
+    ReqIds,  # int32 [T], any stride (HAS_BT)
+    KScale,  # fp32 [1] (K_SCALE_PTR)
+    Out,  # [T, H, L] q dtype (not SPLIT)
+    Lse,  # fp32 [T, H] (STORE_LSE)
+    OPart,  # fp32 [T, S, H, L] (SPLIT)
+    LsePart,  # fp32 [T, S, H] (SPLIT)
+    Sink,  # fp32 [H], any stride (HAS_SINK)
+    sm_scale,
+    k_scale_val,
+    H,
+    W,
+    num_rows,
+    page_size,
+    split_len,
+    num_splits,
+    num_hb,
+    stride_qnt,
+    stride_qnh,
+    stride_qnd,
+    stride_qrt,
+    stride_qrh,
+    stride_qrd,
+    stride_kb,
+    stride_kr,
+    stride_kd,
+    stride_it,
+    stride_iw,
+    stride_btr,
+    stride_btb,
+    stride_ct,
+    stride_rq,
+    bt_block_size,
+    bt_max_blocks,
+    stride_ot,
+    stride_oh,
+    stride_od,
+    stride_sink,
+    ExtraKV,  # the extra set (HAS_EXTRA; all None without one): its cache, as KV
+    ExtraIdx,  # int32 [T, extra_width]
+    ExtraCounts,  # int32 [T], any stride (EXTRA_HAS_COUNTS)
+    ExtraBlockTable,  # int32 [num_reqs, max_blocks] (EXTRA_HAS_BT; request ids from ReqIds)
+    extra_width,
+    extra_offset,  # position of the extra set's first entry in the split sequence
+    extra_num_rows,
+    extra_page_size,
+    stride_xkb,
+    stride_xkr,
+    stride_xkd,
+    stride_xit,
+    stride_xiw,
+    stride_xbtr,
+    stride_xbtb,
+    stride_xct,
+    extra_bt_block_size,
+    extra_bt_max_blocks,
+    L: gl.constexpr,
+    R: gl.constexpr,
+    BLOCK_H: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    E4M3: gl.constexpr,  # e4m3 bytes with a per-tensor scale (kv_format "fp8")
+    FP8_NATIVE: gl.constexpr,
+    E4M3_DECODE: gl.constexpr,  # without hardware fp8: ops/e4m3.py's E4M3_* decode forms
+    MMA_FP16: gl.constexpr,
+    HAS_COUNTS: gl.constexpr,
+    HAS_BT: gl.constexpr,
+    BT_SHIFT: gl.constexpr,
+    PAGE_SHIFT: gl.constexpr,
+    K_SCALE_PTR: gl.constexpr,
+    SPLIT: gl.constexpr,
+    STORE_LSE: gl.constexpr,
+    DOT_PRECISION: gl.constexpr,
+    IDX_AHEAD: gl.constexpr,
+    PDL: gl.constexpr,
+    HAS_SINK: gl.constexpr,
+    HAS_EXTRA: gl.constexpr,  # a second index set into a second cache, in the same softmax
+    EXTRA_HAS_COUNTS: gl.constexpr,
+    EXTRA_HAS_BT: gl.constexpr,
+    EXTRA_BT_SHIFT: gl.constexpr,
+    EXTRA_PAGE_SHIFT: gl.constexpr,
+):
+    gl.static_assert(L == 512 and (R == 64 or R == 0), "a 512-wide latent, 64 or no rope")
+    gl.static_assert(BLOCK_H % 16 == 0 and BLOCK_N % 16 == 0, "16-row MMA tiles")
+    gl.static_assert(not E4M3 and not HAS_BT and not HAS_EXTRA, "q's dtype rows, flat indices")
+
+    WARPS_M: gl.constexpr = gl.num_warps() if gl.num_warps() < BLOCK_H // 16 else BLOCK_H // 16
+    WARPS_N: gl.constexpr = gl.num_warps() // WARPS_M
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[2, 0], warps_per_cta=[WARPS_M, WARPS_N], instr_shape=[16, 8]
+    )
+    A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+    B_OP: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
+    # 8 values (16 bytes, one cp.async) a thread along a row
+    NOPE_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [gl.num_warps(), 1], [1, 0])
+    ROPE_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
+    Q_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [gl.num_warps(), 1], [1, 0])
+    OP_SMEM: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
+
+    i_hb, i_ts, i_s, i_t = _program_coords(num_hb, num_splits)
+    dtype: gl.constexpr = Q_nope.dtype.element_ty
+
+    o_hq = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, Q_LAYOUT))
+    m_hq = o_hq < H
+    o_lq = gl.arange(0, L, layout=gl.SliceLayout(0, Q_LAYOUT))
+    p_q = Q_nope + i_t * stride_qnt + o_hq.to(gl.int64)[:, None] * stride_qnh
+    b_q = gl.load(p_q + o_lq[None, :] * stride_qnd, mask=m_hq[:, None], other=0.0)
+    q_s = gl.allocate_shared_memory(dtype, [BLOCK_H, L], OP_SMEM, b_q)
+    if R > 0:
+        o_rq = gl.arange(0, R, layout=gl.SliceLayout(0, Q_LAYOUT))
+        p_qr = Q_rope + i_t * stride_qrt + o_hq.to(gl.int64)[:, None] * stride_qrh
+        b_qr = gl.load(p_qr + o_rq[None, :] * stride_qrd, mask=m_hq[:, None], other=0.0)
+        qr_s = gl.allocate_shared_memory(dtype, [BLOCK_H, R], OP_SMEM, b_qr)
+
+    # the ring: two slots of gathered rows, read by the MMAs where they land
+    nope_ring = gl.allocate_shared_memory(dtype, [2, BLOCK_N, L], OP_SMEM)
+    rope_ring = gl.allocate_shared_memory(dtype, [2, BLOCK_N, 64], OP_SMEM)
+
+    w_lo, w_hi, n_steps = _split_range(
+        Counts, i_t, i_s, W, split_len, stride_ct, BLOCK_N, HAS_COUNTS
+    )
+    qk_scale = sm_scale * LOG2E
+    b_m = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(1, MMA))
+    b_l = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(1, MMA))
+    b_o = gl.zeros([BLOCK_H, L], gl.float32, layout=MMA)
+
+    m_next = _gather_latent(
+        KV,
+        Idx,
+        i_t,
+        w_lo,
+        w_hi,
+        stride_it,
+        stride_iw,
+        num_rows,
+        page_size,
+        stride_kb,
+        stride_kr,
+        nope_ring.index(0),
+        rope_ring.index(0),
+        BLOCK_N,
+        L,
+        R,
+        PAGE_SHIFT,
+        NOPE_LAYOUT,
+        ROPE_LAYOUT,
+    )
+    async_copy.commit_group()
+    for i_step in range(n_steps):
+        slot = i_step % 2
+        w0 = w_lo + i_step * BLOCK_N
+        m_n = m_next
+        # every thread is past its reads of the other slot (the previous step) before it refills
+        _BARRIER()
+        m_next = _gather_latent(
+            KV,
+            Idx,
+            i_t,
+            w0 + BLOCK_N,
+            w_hi,
+            stride_it,
+            stride_iw,
+            num_rows,
+            page_size,
+            stride_kb,
+            stride_kr,
+            nope_ring.index(1 - slot),
+            rope_ring.index(1 - slot),
+            BLOCK_N,
+            L,
+            R,
+            PAGE_SHIFT,
+            NOPE_LAYOUT,
+            ROPE_LAYOUT,
+        )
+        async_copy.commit_group()
+        async_copy.wait_group(1)  # this step's rows are in
+        _BARRIER()
+
+        # QK^T over 64-wide slices of the latent, then the rope
+        b_s = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=MMA)
+        k_slot = nope_ring.index(slot)
+        for k in gl.static_range(L // K_SLICE):
+            b_qa = q_s.slice(k * K_SLICE, K_SLICE, dim=1).load(A_OP)
+            b_kb = k_slot.slice(k * K_SLICE, K_SLICE, dim=1).permute((1, 0)).load(B_OP)
+            b_s = mma_v2(b_qa, b_kb, b_s)
+        if R > 0:
+            b_qra = qr_s.load(A_OP)
+            b_krb = rope_ring.index(slot).permute((1, 0)).load(B_OP)
+            b_s = mma_v2(b_qra, b_krb, b_s)
+
+        m_s = gl.convert_layout(m_n, gl.SliceLayout(0, MMA))
+        b_s = gl.where(m_s[None, :], b_s * qk_scale, float("-inf"))
+        b_m_new = gl.maximum(b_m, gl.max(b_s, 1))
+        b_m_use = gl.where(b_m_new == float("-inf"), 0.0, b_m_new)
+        b_alpha = gl.exp2(b_m - b_m_use)
+        b_p = gl.exp2(b_s - b_m_use[:, None])
+        b_l = b_l * b_alpha + gl.sum(b_p, 1)
+        b_m = b_m_new
+
+        # PV: P from registers in q's dtype, V the slot's latent rows
+        b_o = b_o * b_alpha[:, None]
+        b_pa = gl.convert_layout(b_p.to(dtype), A_OP)
+        b_o = mma_v2(b_pa, k_slot.load(B_OP), b_o)
+    async_copy.wait_group(0)
+
+    _store_result(
+        b_o,
+        b_m,
+        b_l,
+        1.0,
         Sink,
         Out,
         Lse,
