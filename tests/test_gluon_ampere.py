@@ -263,6 +263,15 @@ def test_latent_rows_match_the_reference(
         tile[0] > 16
     ):
         pytest.skip("the 32- and 64-head tiles need more than this GPU's shared memory")
+    bh, bn, w = tile
+    cfg = dataclasses.replace(AMPERE_LATENT, block_h=bh, block_n=bn, num_warps=w, num_splits=splits)
+    check_latent_rows(cfg, tokens, heads, width, page, rope, sink, dtype)
+
+
+def check_latent_rows(cfg, tokens, heads, width, page, rope, sink, dtype):
+    """One kv_format "auto" call in ``cfg`` against the float64 reference: -1 runs, an
+    out-of-range index, a token with nothing to attend to, valid counts, optionally a sink with
+    -inf and +inf entries; NaN in the rows nothing points at, a NaN-poisoned output."""
     g = torch.Generator().manual_seed(tokens * 11 + page + rope + sink)
     rows = 48 * 64
     flat = (torch.randn(rows, 512 + rope, generator=g) * 0.5).to(dtype)
@@ -283,8 +292,6 @@ def test_latent_rows_match_the_reference(
         q, cache, idx, 0.07, return_lse=True, compute_dtype=torch.float64, **kw
     )
     poison_unused_rows_(cache, idx, **kw)
-    bh, bn, w = tile
-    cfg = dataclasses.replace(AMPERE_LATENT, block_h=bh, block_n=bn, num_warps=w, num_splits=splits)
     out = poison_(torch.empty(tokens, heads, 512, dtype=dtype, device=DEVICE))
     _, lse = sparse_mla(q, cache, idx, 0.07, return_lse=True, out=out, config=cfg, **kw)
     assert_matches(out, lse, ref, ref_lse, dtype)

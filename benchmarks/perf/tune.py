@@ -188,7 +188,8 @@ def gluon_tiles(c: Case) -> list[KernelConfig]:
     two-slot ring, one wait per MMA chain) and "specialized" (dequantizing warps feeding the MMA
     warps a ring of fp16 tiles); DeepSeek-V4's record in both forms (a ring of raw bytes
     dequantized in the MMA warps, or a ring of bf16 tiles from a dequantizing warpgroup; both
-    index sets). The default (the heuristics' choice) is one of them where it runs Gluon."""
+    index sets); rows in q's dtype (kv_format "auto") in the wgmma kernel reading its ring. The
+    default (the heuristics' choice) is one of them where it runs Gluon."""
     arch = arch_of(torch.device("cuda"))
     width = c.topk + c.extra_topk
     base = triton_config(c, width, arch)
@@ -199,6 +200,8 @@ def gluon_tiles(c: Case) -> list[KernelConfig]:
             dataclasses.replace(base, gluon=form, num_stages=1, idx_ahead=False)
             for form in ("pipelined", "specialized")
         ]
+    if c.kv_format == "auto":  # rows in q's dtype: the wgmma kernel reading its ring
+        return [base, dataclasses.replace(base, gluon="pipelined", num_stages=1, idx_ahead=False)]
     if not base.fp16_fold:
         return []
     return [base] + [
@@ -369,7 +372,9 @@ SWEEPS = {
             for h in (64, 128)
         ]
         + [Case("prefill T=4096 H=64", 4096, 64, rows=65536, kv_format="fp8_ds_mla")]
-        + [deepseek_v4_case(t, 64) for t in (128, 64, 16)],
+        + [deepseek_v4_case(t, 64) for t in (128, 64, 16)]
+        + [Case(f"bf16 decode T={t} H={h}", t, h) for t in (128, 64, 16) for h in (64, 128)]
+        + [Case("bf16 prefill T=4096 H=64", 4096, 64, rows=65536)],
         gluon_tiles,
     ),
     # fp8_ds_mla and bf16 rows on the sm80 / sm89 paths (--arch) or this GPU: the Triton tile

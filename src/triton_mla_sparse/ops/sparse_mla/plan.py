@@ -42,6 +42,8 @@ DS_MLA_V4_GLUON = "ds_mla_v4_sm90_gluon"
 DS_MLA_AMPERE_GLUON = "ds_mla_ampere_gluon"
 LATENT_AMPERE_GLUON = "latent_ampere_gluon"
 AMPERE_FAMILIES = frozenset({DS_MLA_AMPERE_GLUON, LATENT_AMPERE_GLUON})
+# kv_format "auto"'s sm90 kernel in Gluon (wgmma; LATENT's arguments and constexprs)
+LATENT_GLUON = "latent_sm90_gluon"
 # the q / key width the Gluon kernels are written for (both records' 512-wide rows)
 GLUON_LATENT = 512
 # bytes the fp8_ds_mla Gluon kernels' 16-byte gathers need the cache's address and strides
@@ -54,10 +56,18 @@ GLUON_FAMILY = {
     ("fp8_ds_mla_v4", "pipelined"): DS_MLA_V4_GLUON,
     ("fp8_ds_mla", "ampere"): DS_MLA_AMPERE_GLUON,
     ("auto", "ampere"): LATENT_AMPERE_GLUON,
+    ("auto", "pipelined"): LATENT_GLUON,
 }
 # the Gluon kernels whose cp.async gathers need 16-byte aligned caches (GLUON_ALIGN)
 GLUON_ASYNC_FAMILIES = frozenset(
-    {DS_MLA_GLUON, DS_MLA_GLUON_WS, DS_MLA_V4_GLUON, DS_MLA_AMPERE_GLUON, LATENT_AMPERE_GLUON}
+    {
+        DS_MLA_GLUON,
+        DS_MLA_GLUON_WS,
+        DS_MLA_V4_GLUON,
+        DS_MLA_AMPERE_GLUON,
+        LATENT_AMPERE_GLUON,
+        LATENT_GLUON,
+    }
 )
 # the NVIDIA targets the mma.sync Gluon kernel compiles for (every one from sm80)
 AMPERE_GLUON_MIN_CC = 80
@@ -157,7 +167,8 @@ def _check_gluon(
     on_gpu: bool,
 ) -> str:
     """The Gluon kernel's family for this call, or a ValueError naming what it does not run
-    (kernels/ds_mla_sm90_gluon.py, kernels/ds_mla_v4_sm90_gluon.py)."""
+    (kernels/ds_mla_sm90_gluon.py, ds_mla_v4_sm90_gluon.py, latent_sm90_gluon.py,
+    ampere_gluon.py)."""
     family = GLUON_FAMILY.get((kv_format, cfg.gluon))
     if family is None:
         raise ValueError(
@@ -190,8 +201,9 @@ def _check_gluon(
     )
     if v4:  # the record's scales fold exactly into bf16 tiles; both sets, with block tables
         wanted["fp16_mma"], got["fp16_mma"] = False, cfg.fp16_mma
-    else:
-        wanted.update(fp16_fold=True, block_table=False, extra_set=False)
+    else:  # fp8_ds_mla's tile with the fp16 fold; rows in q's dtype have nothing to fold
+        fold = family != LATENT_GLUON
+        wanted.update(fp16_fold=fold, block_table=False, extra_set=False)
         got.update(fp16_fold=cfg.fp16_fold, block_table=has_bt, extra_set=has_extra)
     bad = {k: v for k, v in got.items() if wanted[k] != v}
     if bad:
@@ -427,7 +439,7 @@ def make_plan(
         EXTRA_BT_SHIFT=_shift(extra.bt_block_size) if has_extra else -1,
         EXTRA_PAGE_SHIFT=_shift(extra_page_size) if has_extra else -1,
     )
-    if family in (LATENT, LATENT_AMPERE_GLUON):
+    if family in (LATENT, LATENT_AMPERE_GLUON, LATENT_GLUON):
         constexprs = dict(
             common,
             E4M3=kv_format == "fp8",

@@ -1,0 +1,115 @@
+"""Rows in q's dtype on sm90 in Gluon (kv_format "auto", KernelConfig.gluon="pipelined";
+kernels/latent_sm90_gluon.py).
+
+Without a GPU: the plan refuses every call the kernel does not implement, and the kernel compiles
+for sm90 ahead of time under the installed Triton, within sm90's shared memory and without
+spills. On an H200 (sm90): every output against the float64 reference with poisoned outputs and
+NaN rows nothing points at, -1 runs, a token with no valid index, valid counts, a sink, splits,
+paged caches, NoPE.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import HAS_GPU
+from test_gluon_ampere import check_latent_rows
+
+from triton_mla_sparse import KernelConfig
+from triton_mla_sparse.ops.sparse_mla.heuristics import Arch
+from triton_mla_sparse.ops.sparse_mla.plan import LATENT_GLUON, make_plan
+
+SM90 = Arch("cuda", 90, 132)
+LATENT_PIPELINED = KernelConfig(64, 64, 8, 1, gluon="pipelined")
+SM90_SMEM = 232448  # bytes of shared memory a block may use on sm90
+
+
+def _plan(arch=SM90, config=LATENT_PIPELINED, dtype=torch.bfloat16, on_gpu=True, **kw):
+    return make_plan(
+        num_tokens=4,
+        num_heads=64,
+        latent=512,
+        rope=64,
+        width=2048,
+        dtype=dtype,
+        kv_format="auto",
+        arch=arch,
+        config=config,
+        on_gpu=on_gpu,
+        **kw,
+    )
+
+
+def test_plan_names_the_family():
+    assert _plan().family == LATENT_GLUON
+
+
+@pytest.mark.parametrize(
+    "why, kw, word",
+    [
+        ("sm80", dict(arch=Arch("cuda", 80, 108)), "target"),
+        ("fp16 q", dict(dtype=torch.float16), "dtype"),
+        ("32-head tile", dict(config=dataclasses.replace(LATENT_PIPELINED, block_h=32)), "block_h"),
+        ("block table", dict(block_size=64), "block_table"),
+        ("extra set", dict(extra_width=128), "extra_set"),
+        ("interpreter", dict(on_gpu=False), "on_gpu"),
+    ],
+)
+def test_plan_refuses_what_it_does_not_run(why, kw, word):
+    with pytest.raises(ValueError, match="gluon='pipelined'") as e:
+        _plan(**kw)
+    assert word in str(e.value), why
+
+
+def test_compiles_for_sm90(tmp_path):
+    base = dict(
+        arch="cuda:90",
+        dtype="bf16",
+        fmt="auto",
+        block_h=64,
+        block_n=64,
+        num_warps=8,
+        num_stages=1,
+        gluon="pipelined",
+        has_bt=False,
+    )
+    jobs = {
+        "serving": dict(base, split=True, rope=64, has_counts=True, store_lse=True, sink=True),
+        "plain": dict(base, split=False, rope=64, has_counts=False, store_lse=False),
+        "nope": dict(base, split=False, rope=0, has_counts=True, store_lse=True),
+    }
+    here = Path(__file__).resolve().parent
+    (tmp_path / "jobs.json").write_text(json.dumps(jobs))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(here.parent / "src"), env.get("PYTHONPATH", "")])
+    subprocess.run(
+        [sys.executable, str(here / "aot_compile.py"), "jobs.json", "out.json"],
+        cwd=tmp_path,
+        env=env,
+        check=True,
+        timeout=900,
+    )
+    for key, res in json.loads((tmp_path / "out.json").read_text()).items():
+        kernel = res["sparse_mla_latent_sm90_gluon_kernel"]
+        assert "error" not in kernel, (key, kernel)
+        assert kernel["shared"] <= SM90_SMEM, (key, kernel)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_GPU, reason="Gluon kernels run on a GPU only")
+@pytest.mark.parametrize("tokens, heads, width, splits", [(3, 64, 300, 1), (5, 128, 1000, 3)])
+@pytest.mark.parametrize("page", [1, 64, 48])
+@pytest.mark.parametrize("rope", [64, 0])
+@pytest.mark.parametrize("sink", [False, True])
+def test_matches_the_reference(tokens, heads, width, splits, page, rope, sink):
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma kernel is sm90's")
+    cfg = dataclasses.replace(LATENT_PIPELINED, num_splits=splits)
+    check_latent_rows(cfg, tokens, heads, width, page, rope, sink, torch.bfloat16)
