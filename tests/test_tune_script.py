@@ -189,6 +189,8 @@ def test_gluon_sweep_plans_on_sm90(tune, monkeypatch):
     arch = next(a for a in TARGETS if a.backend == "cuda" and a.cc == 90)
     monkeypatch.setattr(tune, "arch_of", lambda device: arch)
     cases, configs = tune.SWEEPS["gluon"]
+    cases = cases + tune.SWEEPS["gluon-bf16"][0]
+    assert tune.SWEEPS["gluon-bf16"][1] is configs
     for case in cases:
         cfgs = configs(case)
         assert cfgs[0].gluon is None and {c.gluon for c in cfgs[1:]} == {

@@ -1,6 +1,6 @@
 """Sweep launch configurations for key shapes on the GPU: check each against the reference, time it.
 
-    python benchmarks/perf/tune.py [--only mem,mma,small,ds,occ,ds-mma,e4m3,stage,v4,ampere] [--out DIR]
+    python benchmarks/perf/tune.py [--only mem,mma,small,ds,occ,ds-mma,e4m3,stage,v4,gluon,gluon-bf16,ampere] [--out DIR]
         [--arch sm80|sm86|sm89] [--tokens 64,128] [--max-seconds S]
 
 Prints one line per configuration and the best per case; writes every row, with the ceilings
@@ -372,8 +372,12 @@ SWEEPS = {
             for h in (64, 128)
         ]
         + [Case("prefill T=4096 H=64", 4096, 64, rows=65536, kv_format="fp8_ds_mla")]
-        + [deepseek_v4_case(t, 64) for t in (128, 64, 16)]
-        + [Case(f"bf16 decode T={t} H={h}", t, h) for t in (128, 64, 16) for h in (64, 128)]
+        + [deepseek_v4_case(t, 64) for t in (128, 64, 16)],
+        gluon_tiles,
+    ),
+    # bf16 rows on sm90: the Triton tile against the wgmma Gluon kernel reading its ring
+    "gluon-bf16": (
+        [Case(f"bf16 decode T={t} H={h}", t, h) for t in (128, 64, 16) for h in (64, 128)]
         + [Case("bf16 prefill T=4096 H=64", 4096, 64, rows=65536)],
         gluon_tiles,
     ),
