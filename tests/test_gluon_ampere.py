@@ -194,13 +194,23 @@ def _needs_sm80():
         pytest.skip("cp.async and mma.sync: an NVIDIA GPU from sm80")
 
 
+# (tokens, heads, width, splits, page, rope, sink): every page form, rope or none, a sink or
+# none, one pass or split-K, each twice
+SCENARIOS = [
+    (3, 64, 300, 1, 1, 64, False),
+    (5, 40, 1000, 3, 64, 64, True),
+    (3, 64, 300, 1, 48, 0, True),
+    (5, 40, 1000, 3, 1, 0, False),
+    (5, 40, 1000, 3, 48, 64, False),
+    (3, 64, 300, 1, 64, 0, True),
+]
+SCENARIO_ARGS = "tokens, heads, width, splits, page, rope, sink"
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_GPU, reason="Gluon kernels run on a GPU only")
 @pytest.mark.parametrize("tile", TILES, ids=lambda t: "x".join(map(str, t)))
-@pytest.mark.parametrize("tokens, heads, width, splits", [(3, 64, 300, 1), (5, 40, 1000, 3)])
-@pytest.mark.parametrize("page", [1, 64, 48])
-@pytest.mark.parametrize("rope", [64, 0])
-@pytest.mark.parametrize("sink", [False, True])
+@pytest.mark.parametrize(SCENARIO_ARGS, SCENARIOS)
 @pytest.mark.parametrize("native", [True, False], ids=["cvt", "bits"])
 def test_matches_the_reference(tile, tokens, heads, width, splits, page, rope, sink, native):
     _needs_sm80()
@@ -249,10 +259,7 @@ def test_the_sm80_and_sm89_code_by_ptx_jit(cc, tmp_path):
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_GPU, reason="Gluon kernels run on a GPU only")
 @pytest.mark.parametrize("tile", TILES, ids=lambda t: "x".join(map(str, t)))
-@pytest.mark.parametrize("tokens, heads, width, splits", [(3, 64, 300, 1), (5, 40, 1000, 3)])
-@pytest.mark.parametrize("page", [1, 64, 48])
-@pytest.mark.parametrize("rope", [64, 0])
-@pytest.mark.parametrize("sink", [False, True])
+@pytest.mark.parametrize(SCENARIO_ARGS, SCENARIOS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_latent_rows_match_the_reference(
     tile, tokens, heads, width, splits, page, rope, sink, dtype

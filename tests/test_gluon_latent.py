@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import HAS_GPU
-from test_gluon_ampere import check_latent_rows
+from test_gluon_ampere import SCENARIO_ARGS, SCENARIOS, check_latent_rows
 
 from triton_mla_sparse import KernelConfig
 from triton_mla_sparse.ops.sparse_mla.heuristics import Arch
@@ -104,12 +104,10 @@ def test_compiles_for_sm90(tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_GPU, reason="Gluon kernels run on a GPU only")
-@pytest.mark.parametrize("tokens, heads, width, splits", [(3, 64, 300, 1), (5, 128, 1000, 3)])
-@pytest.mark.parametrize("page", [1, 64, 48])
-@pytest.mark.parametrize("rope", [64, 0])
-@pytest.mark.parametrize("sink", [False, True])
-def test_matches_the_reference(tokens, heads, width, splits, page, rope, sink):
+@pytest.mark.parametrize(SCENARIO_ARGS, SCENARIOS)
+@pytest.mark.parametrize("heads_x", [1, 2], ids=["h", "2h"])
+def test_matches_the_reference(tokens, heads, width, splits, page, rope, sink, heads_x):
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma kernel is sm90's")
     cfg = dataclasses.replace(LATENT_PIPELINED, num_splits=splits)
-    check_latent_rows(cfg, tokens, heads, width, page, rope, sink, torch.bfloat16)
+    check_latent_rows(cfg, tokens, heads * heads_x, width, page, rope, sink, torch.bfloat16)
