@@ -72,8 +72,8 @@ def config_label(cfg: KernelConfig) -> str:
     """``h16 n64 w4 s3 k2``: heads per program, rows per step, warps, stages, splits; then
     ``+ia`` indices one step ahead, ``+st`` staged fp8 dequantization, ``-pdl`` the merge
     launched without programmatic dependence, ``+f16fold`` fp16 MMAs with the scales folded
-    into the tile (KernelConfig.fp16_fold), ``+gluon:<form>`` the sm90 Gluon kernel of that form
-    (KernelConfig.gluon)."""
+    into the tile (KernelConfig.fp16_fold), ``+gluon:<form>`` the Gluon kernel of that form
+    (KernelConfig.gluon: the sm90 kernels, or "ampere", the mma.sync ones)."""
     label = f"h{cfg.block_h} n{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages} k{cfg.num_splits}"
     if cfg.idx_ahead:
         label += " +ia"
