@@ -929,6 +929,16 @@ def test_prefill_mapping_is_flashmlas_problem(case):
 # On a GPU: the whole grids at FlashMLA's sizes (bf16), and FlashMLA itself where it runs
 
 
+@pytest.fixture(autouse=True)
+def _return_gpu_memory():
+    """After each case, hand the memory its tensors held back to the GPU: the grid runs in many
+    processes on one GPU, and FlashMLA's larger cases (a 7 GB cache, a 16384-wide top-k) would
+    otherwise stay reserved by one process's caching allocator while the others run out."""
+    yield
+    if HAS_GPU:
+        torch.cuda.empty_cache()
+
+
 def _flashmla():
     """vLLM's FlashMLA interface module, or the reason it cannot run here (a string)."""
     from triton_mla_sparse.peers import flashmla

@@ -1,11 +1,12 @@
 """PyTorch reference for sparse MLA attention: the one tests, ``verify`` and ``bench`` share.
 
-Computes in float32 (default) or float64, a chunk of tokens at a time so that a long prefill does
-not materialise ``T x W x D`` at once. Same signature and semantics as
-:func:`triton_mla_sparse.sparse_mla` (``config`` is accepted and ignored, so the two calls are
-interchangeable), plus two keyword-only arguments of its own: ``compute_dtype`` and
-``token_chunk``. Valid on any cache: rows no valid index selects are never part of the result,
-whatever they hold (NaN, inf, garbage bytes).
+Computes in float32 (default) or float64, a chunk of tokens at a time, decoding only the cache
+rows (pages, for the V4 record) that chunk's entries reach: a long prefill, a wide top-k or a
+large cache never materialise ``T x W x D`` or the whole decoded cache at once. Same signature
+and semantics as :func:`triton_mla_sparse.sparse_mla` (``config`` is accepted and ignored, so
+the two calls are interchangeable), plus two keyword-only arguments of its own:
+``compute_dtype`` and ``token_chunk``. Valid on any cache: rows no valid index selects are never
+part of the result, whatever they hold (NaN, inf, garbage bytes).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import math
 
 import torch
 
-from .kv_format import dequantize_cache
+from .kv_format import REFERENCE_KV_FORMATS, dequantize_cache, ds_mla_v4_pages
 from .ops.sparse_mla.heuristics import KernelConfig
 
 
@@ -49,6 +50,45 @@ def physical_rows(
     return torch.where(valid, idx, 0), valid
 
 
+# What one chunk's gathered rows may take (float64 at D = 576: ~58 tokens of a 2048-wide top-k)
+CHUNK_BYTES = 1 << 29
+
+
+class _RowSource:
+    """One cache, decoded where entries reach it: ``gather`` turns flat row numbers ``[c, W]``
+    into float32 rows ``[c, W, d]``, decoding only those rows (or, for the V4 record, whose
+    scales live apart from the data, only the pages that hold them)."""
+
+    def __init__(
+        self,
+        cache: torch.Tensor,
+        kv_format: str,
+        k_scale: float | torch.Tensor | None,
+        d: int,
+    ) -> None:
+        self.kv_format, self.k_scale, self.d = kv_format, k_scale, d
+        if kv_format == "fp8_ds_mla_v4":
+            self.pages = ds_mla_v4_pages(cache)  # validates; [num_pages, page, 584], a view
+            self.page = self.pages.shape[1]
+            self.num_rows = self.pages.shape[0] * self.page
+        else:
+            self.cache = cache
+            self.num_rows = math.prod(cache.shape[:-1])
+
+    def gather(self, rows: torch.Tensor) -> torch.Tensor:
+        flat = rows.reshape(-1)
+        if flat.numel() == 0 or self.num_rows == 0:  # nothing to read (every entry invalid)
+            return torch.zeros(*rows.shape, self.d, device=rows.device)
+        if self.kv_format == "fp8_ds_mla_v4":
+            used, where = torch.unique(flat // self.page, return_inverse=True)
+            decoded = dequantize_cache(self.pages[used], self.kv_format)
+            picked = decoded.reshape(-1, decoded.shape[-1])[where * self.page + flat % self.page]
+        else:
+            raw = self.cache[torch.unravel_index(flat, self.cache.shape[:-1])]
+            picked = dequantize_cache(raw, self.kv_format, self.k_scale)
+        return picked[:, : self.d].reshape(*rows.shape, self.d)
+
+
 def sparse_mla_reference(
     q: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
     kv_cache: torch.Tensor,
@@ -72,7 +112,7 @@ def sparse_mla_reference(
     return_lse: bool = False,
     config: KernelConfig | None = None,
     compute_dtype: torch.dtype = torch.float32,
-    token_chunk: int = 64,
+    token_chunk: int | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Reference sparse MLA forward. Returns ``out`` in q's dtype (and the natural-log LSE).
 
@@ -82,7 +122,8 @@ def sparse_mla_reference(
     values (NoPE: ``q`` is ``[T, H, 512]``, ``kv_lora_rank=512``). Two arguments of its own:
 
     - ``compute_dtype``: float32 (default) or float64, the precision of every step.
-    - ``token_chunk``: tokens gathered at once (bounds the ``chunk x W x D`` temporary).
+    - ``token_chunk``: tokens gathered at once (bounds the ``chunk x W x D`` temporary); None
+      takes as many as keep it near :data:`CHUNK_BYTES`.
 
     An extra set (``extra_kv_cache``, ``extra_indices`` ...) is gathered like the main one, in
     the same format, and its entries are appended to each token's list: one softmax over both.
@@ -94,35 +135,41 @@ def sparse_mla_reference(
     t, h, d = q_full.shape
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(d)
-    rows = dequantize_cache(kv_cache, kv_format, k_scale)
-    rows = rows.reshape(-1, rows.shape[-1])[:, :d].to(compute_dtype)  # [N, D]
+    if kv_format not in REFERENCE_KV_FORMATS:
+        raise ValueError(f"kv_format must be one of {REFERENCE_KV_FORMATS}, got {kv_format!r}")
+    sets = [_RowSource(kv_cache, kv_format, k_scale, d)]
     ridx, valid = physical_rows(
-        indices, rows.shape[0], valid_counts, block_table, req_ids, block_size
+        indices, sets[0].num_rows, valid_counts, block_table, req_ids, block_size
     )
+    entries = [(ridx, valid)]
     if extra_kv_cache is not None:
-        # both sets as one list: the extra cache's rows after the main cache's, its entries
-        # after the main entries (no row of one set can reach the other cache)
-        extra_rows = dequantize_cache(extra_kv_cache, kv_format, k_scale)
-        extra_rows = extra_rows.reshape(-1, extra_rows.shape[-1])[:, :d].to(compute_dtype)
-        xidx, xvalid = physical_rows(
-            extra_indices,
-            extra_rows.shape[0],
-            extra_valid_counts,
-            extra_block_table,
-            req_ids,
-            extra_block_size,
+        # both sets as one list: the extra set's entries after the main entries, each gathered
+        # from its own cache (no row of one set can reach the other cache)
+        sets.append(_RowSource(extra_kv_cache, kv_format, k_scale, d))
+        entries.append(
+            physical_rows(
+                extra_indices,
+                sets[1].num_rows,
+                extra_valid_counts,
+                extra_block_table,
+                req_ids,
+                extra_block_size,
+            )
         )
-        ridx = torch.cat([ridx, xidx + rows.shape[0]], dim=1)
-        valid = torch.cat([valid, xvalid], dim=1)
-        rows = torch.cat([rows, extra_rows], dim=0)
+        valid = torch.cat([valid, entries[1][1]], dim=1)
+    width = valid.shape[1]
+    if token_chunk is None:
+        per_token = max(width * d * torch.empty((), dtype=compute_dtype).element_size(), 1)
+        token_chunk = max(1, CHUNK_BYTES // per_token)
     res = torch.zeros(t, h, kv_lora_rank, dtype=compute_dtype, device=q_full.device)
     lse = torch.full((t, h), float("-inf"), dtype=compute_dtype, device=q_full.device)
     qc = q_full.to(compute_dtype)
     for t0 in range(0, t, token_chunk):
         sl = slice(t0, min(t, t0 + token_chunk))
+        k = torch.cat([src.gather(r[sl]) for src, (r, _) in zip(sets, entries)], dim=1)
         # invalid entries point at row 0: zero them here, since 0 * NaN in the product would
         # carry a NaN (or inf) of a row nobody selected into the result
-        k = torch.where(valid[sl][..., None], rows[ridx[sl]], 0.0)  # [c, W, D]
+        k = torch.where(valid[sl][..., None], k.to(compute_dtype), 0.0)  # [c, W, D]
         s = torch.einsum("chd,cwd->chw", qc[sl], k) * softmax_scale
         s = s.masked_fill(~valid[sl][:, None, :], float("-inf"))
         m = s.amax(dim=-1, keepdim=True)
