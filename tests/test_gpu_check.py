@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 
@@ -76,17 +77,41 @@ def test_a_step_past_its_limit_is_interrupted_then_killed_with_its_workers(
     assert res.rc == 124 and not res.ok
     log = (tmp_path / "slow.log").read_text()
     assert "3 passed, 1 failed (interrupted)" in log and "stopped after 2 s" in log
-    child = int(pid_file.read_text())
+    _assert_gone(int(pid_file.read_text()))
+
+
+def test_a_terminated_check_takes_its_running_step_with_it(gpu_check, tmp_path):
+    """SIGTERM to gpu_check (a timeout around it) while a step runs: the step's process group
+    runs in a session of its own, so gpu_check must kill it (here its child's two-minute sleep)
+    before exiting with 128 + SIGTERM, instead of leaving GPU workers behind."""
+    script = tmp_path / "step.py"
+    script.write_text(_INTERRUPTIBLE)
+    pid_file = tmp_path / "child.pid"
+    step = gpu_check.Step("long", [sys.executable, str(script), str(pid_file), "hang"])
+    previous = signal.signal(signal.SIGALRM, lambda *_: os.kill(os.getpid(), signal.SIGTERM))
+    old_term = signal.signal(signal.SIGTERM, gpu_check._terminate)
+    try:
+        signal.alarm(3)
+        with pytest.raises(SystemExit) as stop:
+            gpu_check.run_step(step, dict(os.environ), tmp_path, limit_s=100)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+        signal.signal(signal.SIGTERM, old_term)
+    assert stop.value.code == 128 + signal.SIGTERM
+    _assert_gone(int(pid_file.read_text()))
+
+
+def _assert_gone(child: int) -> None:
     for _ in range(50):  # the group's SIGKILL reaches the child at once; reaping may lag
         try:
             os.kill(child, 0)
         except ProcessLookupError:
-            break
+            return
         if _zombie(child):
-            break
+            return
         time.sleep(0.1)
-    else:
-        raise AssertionError(f"the step's child {child} outlived it")
+    raise AssertionError(f"the step's child {child} outlived it")
 
 
 def _zombie(pid: int) -> bool:

@@ -18,7 +18,7 @@ process group) its log still ends with pytest's summary of what ran, and the ste
 compute-sanitizer (memcheck, initcheck, racecheck) over every configuration the heuristics
 choose, CUDA-graph replay with new inputs, the sm80/86/89 code paths compiled for their target and
 run here by PTX JIT, and FlashMLA's sparse test grids at FlashMLA's sizes
-(tests/test_flashmla_conformance.py, marker ``conformance_grid``; thousands of cases, in four slices)
+(tests/test_flashmla_conformance.py, marker ``conformance_grid``; thousands of cases, in five slices)
 (benchmarks/reliability/: reliability.py, sanitize.sh; docs/RELIABILITY.md says what each
 checks).
 
@@ -67,13 +67,15 @@ SANITIZE_SLICES = {"memcheck": 522, "initcheck": 522, "racecheck": 261}
 SANITIZE_CASES = 1673
 # FlashMLA's full sparse test grids: too many cases for quick; parts of full, in slices small
 # enough that each ends with pytest's summary of its failures well inside the step's window
-# (5491 cases: 246 DeepSeek-V3.2 decode, 3552 DeepSeek-V4 decode correctness, 950 DeepSeek-V4
-# decode corner and performance cases, 743 prefill; the whole ran at ~16 cases/s on 14 workers)
+# (5491 cases: 246 DeepSeek-V3.2 decode, 3552 DeepSeek-V4 decode correctness in two slices by
+# head count, 950 DeepSeek-V4 decode corner and performance cases, 743 prefill; on an H200 with 14
+# workers 62 s, 321 s for the 64-head V4 slice, ~5 cases/s for the corner part, 76 s)
 CONFORMANCE_MARK = "conformance_grid"
 CONFORMANCE_GRID = "tests/test_flashmla_conformance.py"
 CONFORMANCE_SLICES = {
     "decode-v32": ["::test_decode_grid", "v32"],
-    "decode-v4": ["::test_decode_grid", "v4 and corr"],
+    "decode-v4-h64": ["::test_decode_grid", "v4 and corr and h64q"],
+    "decode-v4-h128": ["::test_decode_grid", "v4 and corr and h128q"],
     "decode-v4-corner": ["::test_decode_grid", "v4 and not corr"],
     "prefill": ["::test_prefill_grid", ""],
 }
@@ -227,6 +229,16 @@ def _counts(log: str) -> str:
     return lines[-1][:60] if lines else ""
 
 
+def _kill_group(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def _terminate(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)  # unwinds through run_step, which stops the running step
+
+
 def run_step(
     step: Step, base_env: dict[str, str], out: Path, limit_s: float | None = None
 ) -> Result:
@@ -253,11 +265,14 @@ def run_step(
             proc.send_signal(signal.SIGINT)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=INTERRUPT_GRACE_S)
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            _kill_group(proc)
             log.flush()
             log.write(f"\n[gpu_check] stopped after {limit:.0f} s\n")
+        except BaseException:
+            # gpu_check itself interrupted (Ctrl-C, or SIGTERM from a timeout around it): the
+            # step runs in a session of its own, so nothing else would stop its GPU workers
+            _kill_group(proc)
+            raise
     text = log_path.read_text(errors="replace")
     r = Result(step.name, rc, time.perf_counter() - t0, _counts(text), str(log_path))
     print(f"   rc={r.rc} {r.seconds:.0f}s {r.counts}", flush=True)
@@ -308,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         help="parallel test processes and sanitizer shards",
     )
     args = p.parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminate)
     if args.list:
         for name, _, _ in _parts():
             print(name)
