@@ -4,8 +4,8 @@
         --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
         python benchmarks/perf/profile_cases.py [NAME_SUBSTRING ...]
 
-Each case runs once with its heuristic configuration (or the one named) after a check against
-the reference; nothing else launches a kernel whose name starts with ``sparse_mla``.
+Each case runs once with the configuration the call would choose by default (or the one
+named) after a check against the reference; nothing else launches a kernel whose name starts with ``sparse_mla``.
 """
 
 from __future__ import annotations
@@ -14,9 +14,8 @@ import sys
 
 import torch
 
-from triton_mla_sparse import KernelConfig, sparse_mla
+from triton_mla_sparse import KernelConfig, sparse_mla, sparse_mla_plan
 from triton_mla_sparse.bench import check_rows, config_label, prepare
-from triton_mla_sparse.ops.sparse_mla.heuristics import arch_of, choose_config
 from triton_mla_sparse.testing import rel_err
 from triton_mla_sparse.workloads import Case
 
@@ -29,6 +28,12 @@ CASES = [
     (Case("bf16 decode T=1 H=16", 1, 16), None),
     (Case("bf16 prefill T=4096 H=16", 4096, 16, rows=65536), None),
     (Case("bf16 prefill T=4096 H=64", 4096, 64, rows=65536), None),
+    # sm90: the default is the pipelined Gluon kernel; beside it the warp-specialized one
+    (Case("fp8_ds_mla decode T=128 H=64", 128, 64, kv_format="fp8_ds_mla"), None),
+    (
+        Case("fp8_ds_mla decode T=128 H=64, warp-specialized", 128, 64, kv_format="fp8_ds_mla"),
+        KernelConfig(64, 64, 8, 1, 1, stage_dequant=True, fp16_fold=True, gluon="specialized"),
+    ),
 ]
 
 
@@ -39,14 +44,14 @@ def main() -> None:
         if want and not any(w in case.name for w in want):
             continue
         inp, ref = prepare(case, dev)
-        cfg = cfg or choose_config(
-            case.tokens, case.heads, case.topk, case.dtype, case.kv_format, arch_of(dev)
-        )
-        out = sparse_mla(inp.q, inp.kv_cache, inp.indices, inp.scale, config=cfg, **inp.kwargs)
+        args = (inp.q, inp.kv_cache, inp.indices, inp.scale)
+        # cfg None: what the call runs by default (the heuristics, Gluon kernels included)
+        ran = sparse_mla_plan(*args, config=cfg, **inp.kwargs).config
+        out = sparse_mla(*args, config=cfg, **inp.kwargs)
         torch.cuda.synchronize()
         rows = check_rows(case)  # a long prefill is checked on a sample of its tokens
         err = rel_err(out if rows is None else out[rows.to(dev)], ref)
-        print(f"{case.name}: {config_label(cfg)} rel err {err:.1e}", flush=True)
+        print(f"{case.name}: {config_label(ran)} rel err {err:.1e}", flush=True)
 
 
 if __name__ == "__main__":
