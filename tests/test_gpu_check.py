@@ -81,8 +81,8 @@ def test_a_step_past_its_limit_is_interrupted_then_killed_with_its_workers(
 
 
 def test_a_terminated_check_takes_its_running_step_with_it(gpu_check, tmp_path):
-    """SIGTERM to gpu_check (a timeout around it) while a step runs: the step's process group
-    runs in a session of its own, so gpu_check must kill it (here its child's two-minute sleep)
+    """SIGTERM to gpu_check (a timeout around it) while a step runs: the step is detached into
+    a process group of its own, so gpu_check must kill that group (here its child's two-minute sleep)
     before exiting with 128 + SIGTERM, instead of leaving GPU workers behind."""
     script = tmp_path / "step.py"
     script.write_text(_INTERRUPTIBLE)

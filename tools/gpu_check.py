@@ -270,7 +270,7 @@ def run_step(
             log.write(f"\n[gpu_check] stopped after {limit:.0f} s\n")
         except BaseException:
             # gpu_check itself interrupted (Ctrl-C, or SIGTERM from a timeout around it): the
-            # step runs in a session of its own, so nothing else would stop its GPU workers
+            # step is detached into its own process group, so nothing else stops its GPU workers
             _kill_group(proc)
             raise
     text = log_path.read_text(errors="replace")

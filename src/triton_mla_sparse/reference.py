@@ -66,6 +66,8 @@ class _RowSource:
         k_scale: float | torch.Tensor | None,
         d: int,
     ) -> None:
+        if isinstance(k_scale, torch.Tensor):  # read once, not once per chunk
+            k_scale = k_scale.float().cpu().item()
         self.kv_format, self.k_scale, self.d = kv_format, k_scale, d
         if kv_format == "fp8_ds_mla_v4":
             self.pages = ds_mla_v4_pages(cache)  # validates; [num_pages, page, 584], a view
