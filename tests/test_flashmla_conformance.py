@@ -29,8 +29,11 @@ past a count).
 On a GPU the whole grid runs at FlashMLA's sizes in bf16 (marked ``gpu``; thousands of cases);
 with FlashMLA importable (vLLM's build, ``peers/flashmla.py``) each case also runs FlashMLA's
 own call, whose output must pass the same rule against the same reference, and ours must agree
-with it within the bf16 table. Without a GPU (Triton's interpreter) a few representative cases,
-each shrunk (:func:`shrink_decode`, :func:`shrink_prefill`), run in fp16.
+with it within the bf16 table (without it, or where its build refuses the call, the case stands
+on the reference check and a warning says so). The grid's processes share one GPU: a case that
+runs out of memory beside them is run again alone (tests/gpu_share.py). Without a GPU (Triton's
+interpreter) a few representative cases, each shrunk (:func:`shrink_decode`,
+:func:`shrink_prefill`), run in fp16.
 
 What FlashMLA's API or tests have that this API cannot express is :data:`NOT_EXPRESSIBLE`, each
 entry with a test that it is still true.
@@ -42,10 +45,12 @@ import dataclasses
 import inspect
 import math
 import random
+import warnings
 
 import pytest
 import torch
 from conftest import DEVICE, HAS_GPU
+from gpu_share import run_sharing_gpu
 
 from triton_mla_sparse import sparse_mla
 from triton_mla_sparse.kv_format import (
@@ -711,13 +716,13 @@ def reference_for(p: Problem) -> tuple[torch.Tensor, torch.Tensor]:
     """sparse_mla_reference in float64 on the same arguments (on the sampled tokens only); q is
     passed as float64 (the same values), so that the output is not rounded to q's dtype."""
     args, kw = list(p.args), dict(p.kwargs)
-    args[0] = args[0].double()
-    if p.sample is not None:
+    if p.sample is not None:  # sampled before the float64 copy: 70000 tokens x 128 heads is 34 GiB
         s = p.sample
         args[0], args[2] = args[0][s], args[2][s]
         for k in ("valid_counts", "extra_indices", "extra_valid_counts", "req_ids"):
             if kw.get(k) is not None:
                 kw[k] = kw[k][s]
+    args[0] = args[0].double()
     return sparse_mla_reference(*args, **kw, return_lse=True, compute_dtype=torch.float64)
 
 
@@ -949,13 +954,27 @@ def _flashmla():
         return str(e)
 
 
+class FlashMLANotCompared(UserWarning):
+    """The case passed against the reference; FlashMLA's own call did not run beside it."""
+
+
+_told_unavailable = False
+
+
 def check_against_flashmla(p: Problem, out, lse, ref, ref_lse, decode: bool, what: str) -> None:
     """FlashMLA's own call on the case: its output must pass its own rule against the float64
     reference (the case is the same problem), and ours must agree with it within the bf16
-    table. A call FlashMLA refuses (its build, this GPU) is a skip with its message."""
+    table. Called after the case passed against the reference, which is the conformance bar:
+    where FlashMLA does not run (not importable, a GPU it has no kernels for, a call its build
+    refuses) the case stands on that check, and a warning says FlashMLA was not compared (once
+    per process when it cannot be imported at all)."""
+    global _told_unavailable
     fm = _flashmla()
     if isinstance(fm, str):
-        pytest.skip(fm)
+        if not _told_unavailable:
+            _told_unavailable = True
+            warnings.warn(f"FlashMLA not compared: {fm}", FlashMLANotCompared, stacklevel=2)
+        return
     pe = dict(p.peer)
     try:
         if decode:
@@ -969,8 +988,12 @@ def check_against_flashmla(p: Problem, out, lse, ref, ref_lse, decode: bool, wha
             fm_lse = fm_lse.transpose(1, 2).reshape(t, q.shape[2])
         else:
             fm_out, _max_logits, fm_lse = fm.flash_mla_sparse_fwd(d_v=DV, **pe)
+    except torch.OutOfMemoryError:
+        raise  # a matter of the GPU's other tenants: run_sharing_gpu runs the case again alone
     except (RuntimeError, AssertionError, TypeError) as e:
-        pytest.skip(f"FlashMLA refuses {what}: {type(e).__name__}: {e}")
+        msg = f"{what}: FlashMLA refuses the call ({type(e).__name__}: {e})"
+        warnings.warn(msg, FlashMLANotCompared, stacklevel=2)
+        return
     if p.sample is not None:
         fm_out, fm_lse = fm_out[p.sample], fm_lse[p.sample]
         out, lse = out[p.sample], lse[p.sample]
@@ -992,9 +1015,12 @@ def check_against_flashmla(p: Problem, out, lse, ref, ref_lse, decode: bool, wha
     "case", [pytest.param(c, id=c.id) for c in decode_grid()] if HAS_GPU else []
 )
 def test_decode_grid(case):
-    p = decode_problem(case, torch.bfloat16)
-    out, lse, ref, ref_lse = check_case(p, case.id)
-    check_against_flashmla(p, out, lse, ref, ref_lse, True, case.id)
+    def body():
+        p = decode_problem(case, torch.bfloat16)
+        out, lse, ref, ref_lse = check_case(p, case.id)
+        check_against_flashmla(p, out, lse, ref, ref_lse, True, case.id)
+
+    run_sharing_gpu(body, case.id)
 
 
 @pytest.mark.gpu
@@ -1004,6 +1030,9 @@ def test_decode_grid(case):
     "case", [pytest.param(c, id=c.id) for c in prefill_grid()] if HAS_GPU else []
 )
 def test_prefill_grid(case):
-    p = prefill_problem(case, torch.bfloat16)
-    out, lse, ref, ref_lse = check_case(p, case.id)
-    check_against_flashmla(p, out, lse, ref, ref_lse, False, case.id)
+    def body():
+        p = prefill_problem(case, torch.bfloat16)
+        out, lse, ref, ref_lse = check_case(p, case.id)
+        check_against_flashmla(p, out, lse, ref, ref_lse, False, case.id)
+
+    run_sharing_gpu(body, case.id)

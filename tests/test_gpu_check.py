@@ -168,3 +168,34 @@ def test_the_conformance_slices_cover_each_grid_case_once(gpu_check, tmp_path):
             if t == test and (e is None or Expression.compile(e).evaluate(node.__contains__))
         ]
         assert len(hits) == 1, (case_id, hits)
+
+
+def test_environment_probe_says_whether_flashmla_runs(gpu_check, tmp_path):
+    """The probe's JSON line, on a stand-in GPU: every key, and FlashMLA's state (on a machine
+    without FlashMLA's kernels, why not, as the conformance step prints it)."""
+    import json
+    import subprocess
+
+    fake_gpu = (
+        "import types, torch; torch.cuda.get_device_properties = lambda i: types.SimpleNamespace("
+        "name='Stand-in', major=9, minor=0, gcnArchName='')\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "src"), CUDA_VISIBLE_DEVICES="")
+    out = subprocess.run(
+        [sys.executable, "-c", fake_gpu + gpu_check.ENV_PROBE],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    info = json.loads(out.stdout.strip().splitlines()[-1])
+    assert info["gpu"] == "Stand-in" and info["target"] == "cuda:90"
+    assert {"torch", "triton", "cuda", "xdist", "flashmla"} <= info.keys()
+    from triton_mla_sparse.peers import flashmla
+
+    try:
+        flashmla.load()
+        want = "available"
+    except flashmla.PeerUnavailable as e:
+        want = "not available: " + str(e).splitlines()[0][:200]
+    assert info["flashmla"] == want

@@ -18,7 +18,9 @@ process group) its log still ends with pytest's summary of what ran, and the ste
 compute-sanitizer (memcheck, initcheck, racecheck) over every configuration the heuristics
 choose, CUDA-graph replay with new inputs, the sm80/86/89 code paths compiled for their target and
 run here by PTX JIT, and FlashMLA's sparse test grids at FlashMLA's sizes
-(tests/test_flashmla_conformance.py, marker ``conformance_grid``; thousands of cases, in five slices)
+(tests/test_flashmla_conformance.py, marker ``conformance_grid``; thousands of cases, in five slices;
+FlashMLA's own call runs beside each case where vLLM's FlashMLA build is importable, which the
+environment line reports)
 (benchmarks/reliability/: reliability.py, sanitize.sh; docs/RELIABILITY.md says what each
 checks).
 
@@ -282,23 +284,36 @@ def run_step(
     return r
 
 
+# The children's environment, printed as one JSON line. "flashmla" says whether the conformance
+# grids can run FlashMLA's own call beside each case (vLLM's build on the path, a GPU it has
+# kernels for); without it they check against the reference alone.
+ENV_PROBE = """
+import importlib.metadata, importlib.util, json, torch, triton
+p = torch.cuda.get_device_properties(0)
+hip = torch.version.hip is not None
+try:
+    from triton_mla_sparse.peers import flashmla
+    flashmla.load()
+    fm = "available"
+except Exception as e:
+    fm = "not available: " + (str(e).splitlines() or [type(e).__name__])[0][:200]
+print(json.dumps(dict(gpu=p.name, capability=f"{p.major}.{p.minor}",
+    target=("hip:" + p.gcnArchName.split(":")[0]) if hip else f"cuda:{p.major}{p.minor}",
+    torch=torch.__version__, triton=triton.__version__, triton_path=triton.__file__,
+    cuda=torch.version.cuda or torch.version.hip,
+    xdist=(importlib.util.find_spec("xdist") is not None)
+    and importlib.metadata.version("pytest-xdist"), flashmla=fm)))
+"""
+
+
 def environment(env: dict[str, str]) -> dict:
-    """What the children see: GPU, compile target, torch / Triton, whether pytest-xdist is there
-    (one probe); exits when no GPU is visible."""
-    probe = (
-        "import importlib.metadata, importlib.util, json, torch, triton; p = torch.cuda.get_device_properties(0); "
-        "hip = torch.version.hip is not None; "
-        "print(json.dumps(dict(gpu=p.name, capability=f'{p.major}.{p.minor}', "
-        "target=('hip:' + p.gcnArchName.split(':')[0]) if hip else f'cuda:{p.major}{p.minor}', "
-        "torch=torch.__version__, triton=triton.__version__, triton_path=triton.__file__, "
-        "cuda=torch.version.cuda or torch.version.hip, "
-        "xdist=(importlib.util.find_spec('xdist') is not None) "
-        "and importlib.metadata.version('pytest-xdist'))))"
-    )
+    """What the children see: GPU, compile target, torch / Triton, whether pytest-xdist and
+    FlashMLA are there (one probe); exits when no GPU is visible."""
+    probe = ENV_PROBE
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
     if out.returncode != 0:
         raise SystemExit("no GPU visible to PyTorch: the GPU check needs one\n" + out.stderr)
-    info = json.loads(out.stdout)
+    info = json.loads(out.stdout.strip().splitlines()[-1])
     smi = shutil.which("nvidia-smi")
     if smi:
         q = "--query-gpu=driver_version,clocks.sm,clocks.mem"
@@ -345,6 +360,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.mode == "full":
         for name in [args.part] if args.part else [n for n, _, _ in _parts()]:
             steps += part_steps(name, args)
+    if any(st.name.startswith("conformance") for st in steps) and info["flashmla"] != "available":
+        print(
+            f"FlashMLA {info['flashmla']}: the conformance grids check against the float64 "
+            "reference alone (FlashMLA's own call is compared where vLLM's build is on the path)",
+            flush=True,
+        )
     # quick's steps share one window; full's parts have one each
     deadline = started + QUICK_WINDOW_S if args.mode == "quick" else None
     results = []
