@@ -18,7 +18,7 @@ process group) its log still ends with pytest's summary of what ran, and the ste
 compute-sanitizer (memcheck, initcheck, racecheck) over every configuration the heuristics
 choose, CUDA-graph replay with new inputs, the sm80/86/89 code paths compiled for their target and
 run here by PTX JIT, and FlashMLA's sparse test grids at FlashMLA's sizes
-(tests/test_flashmla_conformance.py, marker ``conformance_grid``; thousands of cases, in five slices;
+(tests/test_flashmla_conformance.py, marker ``conformance_grid``; thousands of cases, in seven slices;
 FlashMLA's own call runs beside each case where vLLM's FlashMLA build is importable, which the
 environment line reports)
 (benchmarks/reliability/: reliability.py, sanitize.sh; docs/RELIABILITY.md says what each
@@ -69,15 +69,18 @@ SANITIZE_SLICES = {"memcheck": 522, "initcheck": 522, "racecheck": 261}
 SANITIZE_CASES = 1673
 # FlashMLA's full sparse test grids: too many cases for quick; parts of full, in slices small
 # enough that each ends with pytest's summary of its failures well inside the step's window
-# (5491 cases: 246 DeepSeek-V3.2 decode, 3552 DeepSeek-V4 decode correctness in two slices by
-# head count, 950 DeepSeek-V4 decode corner and performance cases, 743 prefill; on an H200 with 14
-# workers 62 s, 321 s for the 64-head V4 slice, ~5 cases/s for the corner part, 76 s)
+# (5491 cases: 246 DeepSeek-V3.2 decode, 3552 DeepSeek-V4 decode correctness in four slices by
+# head count and tokens per request (1 or 3), 950 DeepSeek-V4 decode corner and performance
+# cases, 743 prefill; on an H200 with 14 workers 62 s, 321 s for all 1776 64-head V4 cases,
+# ~460 s for the 128-head ones on a fresh compile cache, ~5 cases/s for the corner part, 76 s)
 CONFORMANCE_MARK = "conformance_grid"
 CONFORMANCE_GRID = "tests/test_flashmla_conformance.py"
 CONFORMANCE_SLICES = {
     "decode-v32": ["::test_decode_grid", "v32"],
-    "decode-v4-h64": ["::test_decode_grid", "v4 and corr and h64q"],
-    "decode-v4-h128": ["::test_decode_grid", "v4 and corr and h128q"],
+    "decode-v4-h64-q1": ["::test_decode_grid", "v4 and corr and h64q1"],
+    "decode-v4-h64-q3": ["::test_decode_grid", "v4 and corr and h64q3"],
+    "decode-v4-h128-q1": ["::test_decode_grid", "v4 and corr and h128q1"],
+    "decode-v4-h128-q3": ["::test_decode_grid", "v4 and corr and h128q3"],
     "decode-v4-corner": ["::test_decode_grid", "v4 and not corr"],
     "prefill": ["::test_prefill_grid", ""],
 }
