@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
+import subprocess
 import sys
 import time
 
@@ -173,9 +175,6 @@ def test_the_conformance_slices_cover_each_grid_case_once(gpu_check, tmp_path):
 def test_environment_probe_says_whether_flashmla_runs(gpu_check, tmp_path):
     """The probe's JSON line, on a stand-in GPU: every key, and FlashMLA's state (on a machine
     without FlashMLA's kernels, why not, as the conformance step prints it)."""
-    import json
-    import subprocess
-
     fake_gpu = (
         "import types, torch; torch.cuda.get_device_properties = lambda i: types.SimpleNamespace("
         "name='Stand-in', major=9, minor=0, gcnArchName='')\n"

@@ -312,8 +312,7 @@ print(json.dumps(dict(gpu=p.name, capability=f"{p.major}.{p.minor}",
 def environment(env: dict[str, str]) -> dict:
     """What the children see: GPU, compile target, torch / Triton, whether pytest-xdist and
     FlashMLA are there (one probe); exits when no GPU is visible."""
-    probe = ENV_PROBE
-    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-c", ENV_PROBE], env=env, capture_output=True, text=True)
     if out.returncode != 0:
         raise SystemExit("no GPU visible to PyTorch: the GPU check needs one\n" + out.stderr)
     info = json.loads(out.stdout.strip().splitlines()[-1])
