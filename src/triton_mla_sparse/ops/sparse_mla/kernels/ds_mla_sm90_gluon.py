@@ -60,6 +60,39 @@ def _pow2_ref(b_cmax):
 
 
 @gluon.jit
+def _rows(
+    Idx,
+    i_t,
+    w0,
+    w_hi,
+    stride_it,
+    stride_iw,
+    num_rows,
+    page_size,
+    stride_kb,
+    BLOCK_N: gl.constexpr,
+    PAGE_SHIFT: gl.constexpr,
+    ROW_LAYOUT: gl.constexpr,
+):
+    # byte offsets and validity of rows [w0, w0 + BLOCK_N) of token i_t's list, in ROW_LAYOUT.
+    # Each tile that addresses the rows reads the (cached) indices in its own row layout: that
+    # costs a few loads, where converting the offsets between layouts costs a round trip through
+    # shared memory and two CTA barriers per tile
+    o_w = w0 + gl.arange(0, BLOCK_N, layout=ROW_LAYOUT)
+    b_idx = gl.load(Idx + i_t * stride_it + o_w * stride_iw, mask=o_w < w_hi, other=-1)
+    m_n = (b_idx >= 0) & (b_idx < num_rows)
+    b_idx = gl.where(m_n, b_idx, 0)
+    if PAGE_SHIFT >= 0:
+        b_page = b_idx >> PAGE_SHIFT
+        b_slot = b_idx & ((1 << PAGE_SHIFT) - 1)
+    else:
+        b_page = b_idx // page_size
+        b_slot = b_idx - b_page * page_size
+    o_row = b_page.to(gl.int64) * stride_kb + b_slot.to(gl.int64) * ROW_BYTES
+    return o_row, m_n
+
+
+@gluon.jit
 def _gather(
     KV,
     Idx,
@@ -84,33 +117,57 @@ def _gather(
 ):
     # cp.async of rows [w0, w0 + BLOCK_N) of token i_t's list into one ring slot (masked rows and
     # positions past w_hi read nothing and are zero-filled); returns the rows' validity
-    idx_layout: gl.constexpr = gl.SliceLayout(1, NOPE_LAYOUT)
-    o_w = w0 + gl.arange(0, BLOCK_N, layout=idx_layout)
-    m_w = o_w < w_hi
-    b_idx = gl.load(Idx + i_t * stride_it + o_w * stride_iw, mask=m_w, other=-1)
-    m_n = (b_idx >= 0) & (b_idx < num_rows)
-    b_idx = gl.where(m_n, b_idx, 0)
-    if PAGE_SHIFT >= 0:
-        b_page = b_idx >> PAGE_SHIFT
-        b_slot = b_idx & ((1 << PAGE_SHIFT) - 1)
-    else:
-        b_page = b_idx // page_size
-        b_slot = b_idx - b_page * page_size
-    o_row = b_page.to(gl.int64) * stride_kb + b_slot.to(gl.int64) * ROW_BYTES
-
+    o_row, m_n = _rows(
+        Idx,
+        i_t,
+        w0,
+        w_hi,
+        stride_it,
+        stride_iw,
+        num_rows,
+        page_size,
+        stride_kb,
+        BLOCK_N,
+        PAGE_SHIFT,
+        gl.SliceLayout(1, NOPE_LAYOUT),
+    )
     o_c = gl.arange(0, L, layout=gl.SliceLayout(0, NOPE_LAYOUT))
     p_nope = KV + o_row[:, None] + o_c[None, :]
     _ASYNC_LOAD(nope_slot, p_nope, mask=m_n[:, None] & (o_c < L)[None, :])
 
-    o_row_s = gl.convert_layout(o_row, gl.SliceLayout(1, SCALE_LAYOUT))
-    m_n_s = gl.convert_layout(m_n, gl.SliceLayout(1, SCALE_LAYOUT))
+    o_row_s, m_n_s = _rows(
+        Idx,
+        i_t,
+        w0,
+        w_hi,
+        stride_it,
+        stride_iw,
+        num_rows,
+        page_size,
+        stride_kb,
+        BLOCK_N,
+        PAGE_SHIFT,
+        gl.SliceLayout(1, SCALE_LAYOUT),
+    )
     o_g = gl.arange(0, NUM_CHUNKS, layout=gl.SliceLayout(0, SCALE_LAYOUT))
     p_sc = (KV + o_row_s[:, None] + SCALE_OFFSET).to(gl.pointer_type(gl.float32)) + o_g[None, :]
     _ASYNC_LOAD(scale_slot, p_sc, mask=m_n_s[:, None] & (o_g < NUM_CHUNKS)[None, :])
 
     if R > 0:
-        o_row_r = gl.convert_layout(o_row, gl.SliceLayout(1, ROPE_LAYOUT))
-        m_n_r = gl.convert_layout(m_n, gl.SliceLayout(1, ROPE_LAYOUT))
+        o_row_r, m_n_r = _rows(
+            Idx,
+            i_t,
+            w0,
+            w_hi,
+            stride_it,
+            stride_iw,
+            num_rows,
+            page_size,
+            stride_kb,
+            BLOCK_N,
+            PAGE_SHIFT,
+            gl.SliceLayout(1, ROPE_LAYOUT),
+        )
         o_r = gl.arange(0, R, layout=gl.SliceLayout(0, ROPE_LAYOUT))
         p_rope = (KV + o_row_r[:, None] + ROPE_OFFSET).to(gl.pointer_type(gl.bfloat16)) + o_r[
             None, :
@@ -530,17 +587,21 @@ def _ws_dequant(
     for i_step in range(n_steps):
         slot = i_step % 2
         mbarrier.wait(empty.index(slot), ((i_step // 2) & 1) ^ 1)
-        o_w = w_lo + i_step * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, DQ))
-        b_idx = gl.load(Idx + i_t * stride_it + o_w * stride_iw, mask=o_w < w_hi, other=-1)
-        m_n = (b_idx >= 0) & (b_idx < num_rows)
-        b_idx = gl.where(m_n, b_idx, 0)
-        if PAGE_SHIFT >= 0:
-            b_page = b_idx >> PAGE_SHIFT
-            b_slot = b_idx & ((1 << PAGE_SHIFT) - 1)
-        else:
-            b_page = b_idx // page_size
-            b_slot = b_idx - b_page * page_size
-        o_row = b_page.to(gl.int64) * stride_kb + b_slot.to(gl.int64) * ROW_BYTES
+        w0 = w_lo + i_step * BLOCK_N
+        o_row, m_n = _rows(
+            Idx,
+            i_t,
+            w0,
+            w_hi,
+            stride_it,
+            stride_iw,
+            num_rows,
+            page_size,
+            stride_kb,
+            BLOCK_N,
+            PAGE_SHIFT,
+            gl.SliceLayout(1, DQ),
+        )
         o_c = gl.arange(0, 128, layout=gl.SliceLayout(0, DQ))
         p_k = KV + o_row[:, None] + o_c[None, :]
         m_k = m_n[:, None] & (o_c < 128)[None, :]
@@ -548,14 +609,38 @@ def _ws_dequant(
         b_k1 = gl.load(p_k + 128, mask=m_k, other=0)
         b_k2 = gl.load(p_k + 256, mask=m_k, other=0)
         b_k3 = gl.load(p_k + 384, mask=m_k, other=0)
-        o_row_s = gl.convert_layout(o_row, gl.SliceLayout(1, SC))
-        m_n_s = gl.convert_layout(m_n, gl.SliceLayout(1, SC))
+        o_row_s, m_n_s = _rows(
+            Idx,
+            i_t,
+            w0,
+            w_hi,
+            stride_it,
+            stride_iw,
+            num_rows,
+            page_size,
+            stride_kb,
+            BLOCK_N,
+            PAGE_SHIFT,
+            gl.SliceLayout(1, SC),
+        )
         o_g = gl.arange(0, NUM_CHUNKS, layout=gl.SliceLayout(0, SC))
         p_sc = (KV + o_row_s[:, None] + SCALE_OFFSET).to(gl.pointer_type(gl.float32))
         b_sc = gl.load(p_sc + o_g[None, :], mask=m_n_s[:, None] & (o_g < 4)[None, :], other=0.0)
         if R > 0:
-            o_row_r = gl.convert_layout(o_row, gl.SliceLayout(1, RP))
-            m_n_r = gl.convert_layout(m_n, gl.SliceLayout(1, RP))
+            o_row_r, m_n_r = _rows(
+                Idx,
+                i_t,
+                w0,
+                w_hi,
+                stride_it,
+                stride_iw,
+                num_rows,
+                page_size,
+                stride_kb,
+                BLOCK_N,
+                PAGE_SHIFT,
+                gl.SliceLayout(1, RP),
+            )
             o_r = gl.arange(0, R, layout=gl.SliceLayout(0, RP))
             p_r = (KV + o_row_r[:, None] + ROPE_OFFSET).to(gl.pointer_type(gl.bfloat16))
             b_kr = gl.load(p_r + o_r[None, :], mask=m_n_r[:, None] & (o_r < R)[None, :], other=0.0)
