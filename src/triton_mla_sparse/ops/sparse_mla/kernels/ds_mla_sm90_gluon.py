@@ -478,8 +478,8 @@ def sparse_mla_ds_mla_sm90_gluon_kernel(
             b_rel_c = gl.sum(gl.where((o_g == c)[None, :], b_rel, 0.0), 1)
             b_rel_c = gl.convert_layout(b_rel_c, gl.SliceLayout(1, DQ_LAYOUT))  # same rows
             b_k8 = nope_ring.index(slot).slice(c * 128, 128, dim=1).load(DQ_LAYOUT)
-            b_f = b_k8.to(gl.float8e4nv, bitcast=True).to(gl.float32)
-            k_s.slice(c * 128, 128, dim=1).store((b_f * b_rel_c[:, None]).to(gl.float16))
+            b_h = b_k8.to(gl.float8e4nv, bitcast=True).to(gl.float16)
+            k_s.slice(c * 128, 128, dim=1).store(b_h * b_rel_c.to(gl.float16)[:, None])
         fence_async_shared()
         _BARRIER()
 
@@ -662,8 +662,8 @@ def _ws_dequant(
                 b_k8 = b_k3
             b_rel_c = gl.sum(gl.where((o_g == c)[None, :], b_rel, 0.0), 1)
             b_rel_c = gl.convert_layout(b_rel_c, gl.SliceLayout(1, DQ))
-            b_f = b_k8.to(gl.float8e4nv, bitcast=True).to(gl.float32)
-            k_slot.slice(c * 128, 128, dim=1).store((b_f * b_rel_c[:, None]).to(gl.float16))
+            b_h = b_k8.to(gl.float8e4nv, bitcast=True).to(gl.float16)
+            k_slot.slice(c * 128, 128, dim=1).store(b_h * b_rel_c.to(gl.float16)[:, None])
         ref_ring.index(slot).store(gl.full([BLOCK_N], 0.0, gl.float32, layout=REF) + b_ref)
         fence_async_shared()
         _BARRIER()  # every dequantizing thread's stores are in before one of them publishes
