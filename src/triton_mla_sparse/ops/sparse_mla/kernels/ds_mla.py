@@ -104,10 +104,16 @@ def _ds_folded_chunk(
     E4M3_DECODE: tl.constexpr,
 ):
     # chunk G of BLOCK_N rows dequantized in `dtype` relative to the step's reference scale:
-    # e4m3 x (scale / reference) per row (b_rel), formed in fp32, one rounding; the masked
-    # ratio is also the barrier that keeps the tile staged
+    # e4m3 x (scale / reference) per row (b_rel), one rounding; the masked ratio is also the
+    # barrier that keeps the tile staged. In fp16 the product is formed there, two values per
+    # packed multiply: e4m3 converts to fp16 exactly, so with the ratio exact in fp16 (power-of-
+    # two scales) the result is the fp32 product's rounding bit for bit; with fp32 scales the
+    # ratio's own fp16 rounding adds at most as much again
     o_c = tl.arange(0, C)
     b_k8 = tl.load(KV + o_row[:, None] + (G * C + o_c[None, :]), mask=m_n[:, None], other=0)
+    if dtype == tl.float16:
+        b_h = _e4m3_to(b_k8, tl.float16, FP8_NATIVE, E4M3_DECODE)
+        return b_h * tl.where(m_n, b_rel, 0.0).to(tl.float16)[:, None]
     b_f = _e4m3_to(b_k8, tl.float32, FP8_NATIVE, E4M3_DECODE)
     return (b_f * tl.where(m_n, b_rel, 0.0)[:, None]).to(dtype)
 
