@@ -43,12 +43,13 @@ E4M3_BIAS_FIX = gl.constexpr(256.0)
 
 
 @gluon.jit
-def _e4m3_to_f32(b_u8, NATIVE: gl.constexpr):
-    # e4m3 bytes -> fp32 values, exactly: the hardware conversion where there is one (sm89+),
+def _e4m3_to_f16(b_u8, NATIVE: gl.constexpr):
+    # e4m3 bytes -> fp16 values, exactly: the hardware conversion where there is one (sm89+),
     # else ops/e4m3.py's packed inline-PTX decode (four bytes into two fp16 pairs, two
-    # instructions a value; subnormals included, 0x7F / 0xFF read as +-480, not NaN)
+    # instructions a value; subnormals included, 0x7F / 0xFF read as +-480, not NaN), whose
+    # values are e4m3's times 2^-8: the caller puts E4M3_BIAS_FIX back through its ratio
     if NATIVE:
-        b_f = b_u8.to(gl.float8e4nv, bitcast=True).to(gl.float32)
+        b_h = b_u8.to(gl.float8e4nv, bitcast=True).to(gl.float16)
     else:
         b_h = gl.inline_asm_elementwise(
             E4M3X4_TO_F16X4_PTX,
@@ -58,8 +59,7 @@ def _e4m3_to_f32(b_u8, NATIVE: gl.constexpr):
             is_pure=True,
             pack=E4M3_PACK,
         )
-        b_f = b_h.to(gl.float32) * E4M3_BIAS_FIX
-    return b_f
+    return b_h
 
 
 @gluon.jit
@@ -267,14 +267,20 @@ def sparse_mla_ds_mla_ampere_gluon_kernel(
         # the step's scales: its largest is the reference the tile is dequantized against
         b_sc = scale_ring.index(slot).load(SC_DQ_LAYOUT)
         b_ref_new = _pow2_ref(gl.max(gl.max(b_sc, 1), 0))
-        b_rel = b_sc * (1.0 / b_ref_new)
+        # e4m3 x (scale / reference) formed in fp16, two values per packed multiply: the e4m3
+        # values are exact in fp16, so with the ratio exact there too (power-of-two scales) the
+        # product is the fp32 one's rounding bit for bit
+        if FP8_NATIVE:
+            b_rel = b_sc * (1.0 / b_ref_new)
+        else:
+            b_rel = b_sc * (E4M3_BIAS_FIX / b_ref_new)
         o_g = gl.arange(0, NUM_CHUNKS, layout=gl.SliceLayout(0, SC_DQ_LAYOUT))
         for c in gl.static_range(NUM_CHUNKS):
             b_rel_c = gl.sum(gl.where((o_g == c)[None, :], b_rel, 0.0), 1)
             b_rel_c = gl.convert_layout(b_rel_c, gl.SliceLayout(1, DQ_LAYOUT))  # same rows
             b_k8 = nope_ring.index(slot).slice(c * 128, 128, dim=1).load(DQ_LAYOUT)
-            b_f = _e4m3_to_f32(b_k8, FP8_NATIVE)
-            k_s.slice(c * 128, 128, dim=1).store((b_f * b_rel_c[:, None]).to(gl.float16))
+            b_h = _e4m3_to_f16(b_k8, FP8_NATIVE)
+            k_s.slice(c * 128, 128, dim=1).store(b_h * b_rel_c.to(gl.float16)[:, None])
         _BARRIER()
 
         # QK^T: the NoPE product in fp16 (units of the reference) over 64-wide slices of the
