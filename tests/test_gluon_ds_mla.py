@@ -26,6 +26,7 @@ from triton_mla_sparse.ops.sparse_mla import heuristics
 from triton_mla_sparse.ops.sparse_mla.heuristics import Arch, choose_config
 from triton_mla_sparse.ops.sparse_mla.plan import (
     DS_MLA_GLUON,
+    DS_MLA_GLUON_OV,
     DS_MLA_GLUON_WS,
     DS_MLA_V4_GLUON,
     DS_MLA_V4_GLUON_WS,
@@ -36,7 +37,7 @@ from triton_mla_sparse.workloads import deepseek_v4_case, make_inputs
 
 SM90 = Arch("cuda", 90, 132)
 GLUON = KernelConfig(64, 64, 8, 1, stage_dequant=True, fp16_fold=True, gluon="pipelined")
-FORMS = ("pipelined", "specialized")
+FORMS = ("pipelined", "specialized", "overlapped")
 SM90_SMEM = 232448  # bytes of shared memory a block may use on sm90
 
 
@@ -64,6 +65,7 @@ V4_GLUON = KernelConfig(64, 64, 8, 1, stage_dequant=True, gluon="specialized")
 def test_plan_names_the_gluon_family():
     assert _plan().family == DS_MLA_GLUON
     assert _plan(config=dataclasses.replace(GLUON, gluon="specialized")).family == DS_MLA_GLUON_WS
+    assert _plan(config=dataclasses.replace(GLUON, gluon="overlapped")).family == DS_MLA_GLUON_OV
     v4 = _plan(fmt="fp8_ds_mla_v4", config=V4_GLUON, block_size=64, extra_width=512)
     assert v4.family == DS_MLA_V4_GLUON_WS  # both sets, through block tables too
     v4_pipelined = dataclasses.replace(V4_GLUON, gluon="pipelined")
@@ -188,7 +190,13 @@ def test_gluon_kernel_compiles_for_sm90(tmp_path):
     results = json.loads((tmp_path / "out.json").read_text())
     for key, res in results.items():
         family = "ds_mla_v4" if key.startswith("v4") else "ds_mla"
-        form = "ws_kernel" if "specialized" in key else "kernel"
+        form = (
+            "ws_kernel"
+            if "specialized" in key
+            else "ov_kernel"
+            if "overlapped" in key
+            else "kernel"
+        )
         name = f"sparse_mla_{family}_sm90_gluon_{form}"
         kernel = res[name]
         assert "error" not in kernel, (key, kernel)

@@ -980,3 +980,520 @@ def sparse_mla_ds_mla_sm90_gluon_ws_kernel(
         [DEQUANT_WARPS],
         [DEQUANT_REGS],
     )
+
+
+# --- overlapped form: the PV product in four chunk groups, the next step's dequantization and
+# QK^T interleaved with them, chunk by chunk, in one partition ---
+
+CHUNK = gl.constexpr(128)  # latent columns per scale, per PV group, per QK^T group
+
+
+@gluon.jit
+def _step_ratios(scale_slot, SC_DQ_LAYOUT: gl.constexpr):
+    # the step's scales over its reference (its largest, rounded up to a power of two)
+    b_sc = scale_slot.load(SC_DQ_LAYOUT)
+    b_ref = _pow2_ref(gl.max(gl.max(b_sc, 1), 0))
+    return b_sc * (1.0 / b_ref), b_ref
+
+
+@gluon.jit
+def _dequant_chunk(
+    nope_slot, k_s, b_rel, o_g, c: gl.constexpr, C: gl.constexpr, DQ_LAYOUT: gl.constexpr
+):
+    # chunk c of a step's e4m3 bytes into the fp16 K tile: e4m3 x (scale / reference), formed
+    # in fp16 (exact e4m3 values; one rounding, the fp32 product's where the ratio is exact)
+    b_rel_c = gl.sum(gl.where((o_g == c)[None, :], b_rel, 0.0), 1)
+    b_rel_h = gl.convert_layout(b_rel_c, gl.SliceLayout(1, DQ_LAYOUT)).to(gl.float16)[:, None]
+    _dequant_cols(nope_slot, k_s, b_rel_h, c * C, C // 2, DQ_LAYOUT)
+    _dequant_cols(nope_slot, k_s, b_rel_h, c * C + C // 2, C // 2, DQ_LAYOUT)
+
+
+@gluon.jit
+def _dequant_cols(
+    nope_slot, k_s, b_rel_h, C0: gl.constexpr, N: gl.constexpr, DQ_LAYOUT: gl.constexpr
+):
+    b_k8 = nope_slot.slice(C0, N, dim=1).load(DQ_LAYOUT)
+    b_h = b_k8.to(gl.float8e4nv, bitcast=True).to(gl.float16)
+    k_s.slice(C0, N, dim=1).store(b_h * b_rel_h)
+
+
+@gluon.jit
+def _qk_chunk(q_s, k_s, b_sn, c: gl.constexpr, C: gl.constexpr):
+    # chunk c's part of QK^T, chained onto the logits' accumulator (asynchronous)
+    return warpgroup_mma(
+        q_s.slice(c * C, C, dim=1),
+        k_s.slice(c * C, C, dim=1).permute((1, 0)),
+        b_sn,
+        use_acc=c > 0,
+        is_async=True,
+    )
+
+
+@gluon.jit
+def _pv_chunk(b_pd, k_s, b_oc, c: gl.constexpr, C: gl.constexpr):
+    # chunk c of the output: P times the K tile's columns of the chunk (asynchronous)
+    return warpgroup_mma(b_pd, k_s.slice(c * C, C, dim=1), b_oc, is_async=True)
+
+
+@gluon.jit
+def _result_scale(
+    b_m,
+    b_l,
+    b_scale,
+    Sink,
+    i_hb,
+    H,
+    stride_sink,
+    BLOCK_H: gl.constexpr,
+    SPLIT: gl.constexpr,
+    HAS_SINK: gl.constexpr,
+    S_LAYOUT: gl.constexpr,
+):
+    # _store_result's normalisation: the factor the accumulator is multiplied by, and the LSE
+    o_h = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, S_LAYOUT))
+    m_h = o_h < H
+    b_nonempty = b_l > 0.0
+    b_inv = 1.0 / gl.where(b_nonempty, b_l, 1.0)
+    if HAS_SINK and not SPLIT:  # a split's partial leaves the sink to the merge
+        b_sink = gl.load(Sink + o_h * stride_sink, mask=m_h, other=float("-inf")).to(gl.float32)
+        b_m_use = gl.where(b_m == float("-inf"), 0.0, b_m)
+        b_den = b_l + gl.exp2(b_sink * LOG2E - b_m_use)
+        b_inv = gl.where(b_den > 0.0, 1.0 / gl.where(b_den > 0.0, b_den, 1.0), 0.0)
+    b_lse = gl.where(
+        b_nonempty, (b_m + gl.log2(gl.where(b_nonempty, b_l, 1.0))) / LOG2E, float("-inf")
+    )
+    return b_inv * b_scale, b_lse
+
+
+@gluon.jit
+def _store_chunk(
+    b_out,
+    Out,
+    OPart,
+    i_t,
+    i_ts,
+    i_hb,
+    H,
+    stride_ot,
+    stride_oh,
+    stride_od,
+    c: gl.constexpr,
+    BLOCK_H: gl.constexpr,
+    C: gl.constexpr,
+    L: gl.constexpr,
+    SPLIT: gl.constexpr,
+    O_LAYOUT: gl.constexpr,
+):
+    # columns [c * C, (c + 1) * C) of the normalised output (or of the split's partial)
+    o_ho = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, O_LAYOUT))
+    m_ho = o_ho < H
+    o_lo = c * C + gl.arange(0, C, layout=gl.SliceLayout(0, O_LAYOUT))
+    if SPLIT:
+        p_o = OPart + (i_ts.to(gl.int64) * H + o_ho)[:, None] * L + o_lo[None, :]
+        gl.store(p_o, b_out, mask=m_ho[:, None])
+    else:
+        p_o = Out + i_t * stride_ot + o_ho.to(gl.int64)[:, None] * stride_oh
+        gl.store(
+            p_o + o_lo[None, :] * stride_od, b_out.to(Out.dtype.element_ty), mask=m_ho[:, None]
+        )
+
+
+@gluon.jit
+def sparse_mla_ds_mla_sm90_gluon_ov_kernel(
+    Q_nope,
+    Q_rope,
+    KV,
+    Idx,
+    Counts,
+    BlockTable,
+    ReqIds,
+    KScale,
+    Out,
+    Lse,
+    OPart,
+    LsePart,
+    Sink,
+    sm_scale,
+    k_scale_val,
+    H,
+    W,
+    num_rows,
+    page_size,
+    split_len,
+    num_splits,
+    num_hb,
+    stride_qnt,
+    stride_qnh,
+    stride_qnd,
+    stride_qrt,
+    stride_qrh,
+    stride_qrd,
+    stride_kb,
+    stride_kr,
+    stride_kd,
+    stride_it,
+    stride_iw,
+    stride_btr,
+    stride_btb,
+    stride_ct,
+    stride_rq,
+    bt_block_size,
+    bt_max_blocks,
+    stride_ot,
+    stride_oh,
+    stride_od,
+    stride_sink,
+    ExtraKV,
+    ExtraIdx,
+    ExtraCounts,
+    ExtraBlockTable,
+    extra_width,
+    extra_offset,
+    extra_num_rows,
+    extra_page_size,
+    stride_xkb,
+    stride_xkr,
+    stride_xkd,
+    stride_xit,
+    stride_xiw,
+    stride_xbtr,
+    stride_xbtb,
+    stride_xct,
+    extra_bt_block_size,
+    extra_bt_max_blocks,
+    L: gl.constexpr,
+    R: gl.constexpr,
+    BLOCK_H: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    FP8_NATIVE: gl.constexpr,
+    MMA_FP16: gl.constexpr,
+    FOLD_FP16: gl.constexpr,
+    STAGE: gl.constexpr,
+    E4M3_DECODE: gl.constexpr,
+    IDX_AHEAD: gl.constexpr,
+    HAS_COUNTS: gl.constexpr,
+    HAS_BT: gl.constexpr,
+    BT_SHIFT: gl.constexpr,
+    PAGE_SHIFT: gl.constexpr,
+    SPLIT: gl.constexpr,
+    STORE_LSE: gl.constexpr,
+    DOT_PRECISION: gl.constexpr,
+    PDL: gl.constexpr,
+    HAS_SINK: gl.constexpr,
+    HAS_EXTRA: gl.constexpr,
+    EXTRA_HAS_COUNTS: gl.constexpr,
+    EXTRA_HAS_BT: gl.constexpr,
+    EXTRA_BT_SHIFT: gl.constexpr,
+    EXTRA_PAGE_SHIFT: gl.constexpr,
+):
+    gl.static_assert(BLOCK_H == 64 and BLOCK_N == 64 and L == 512, "the 64 x 64 tile only")
+    gl.static_assert(FOLD_FP16 and FP8_NATIVE, "fp16 MMAs with folded scales, native e4m3")
+    gl.static_assert(not HAS_BT and not HAS_EXTRA, "no block table, no extra set")
+
+    # register layouts (8 warps): S [64 heads, 64 keys] split by columns between the two
+    # warpgroups as in the pipelined form; O as four [64, 128] accumulators, one per 128-wide
+    # chunk of the latent (each warpgroup holding 64 columns of each), so that the PV product
+    # is four MMA groups that complete one chunk at a time
+    S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 32, 16]
+    )
+    O_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 64, 16]
+    )
+    P_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2)
+    NOPE_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 16], [2, 16], [8, 1], [1, 0])
+    SCALE_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 1], [8, 4], [8, 1], [1, 0])
+    ROPE_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0])
+    # the dequantization in 64-column halves of a chunk (fewer values live at once)
+    DQH_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0])
+    # a row's four scales on every thread that dequantizes that row (DQ_LAYOUT's row mapping):
+    # picking a chunk's scale needs no data movement between threads
+    SC_DQ_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [8, 1], [1, 0])
+    Q_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [8, 1], [1, 0])
+    # shared layouts: MMA operands swizzled for wgmma, the raw bytes plain
+    MMA_SMEM: gl.constexpr = gl.NVMMASharedLayout(
+        swizzle_byte_width=128, element_bitwidth=16, rank=2
+    )
+    RAW_SMEM: gl.constexpr = gl.SwizzledSharedLayout(vec=16, per_phase=1, max_phase=1, order=[1, 0])
+    SCALE_SMEM: gl.constexpr = gl.SwizzledSharedLayout(
+        vec=4, per_phase=1, max_phase=1, order=[1, 0]
+    )
+
+    i_hb, i_ts, i_s, i_t = _program_coords(num_hb, num_splits)
+
+    # q: NoPE part in fp16 (the folded tile's MMA type), rope part as it is (bf16)
+    o_hq = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, Q_LAYOUT))
+    m_hq = o_hq < H
+    o_lq = gl.arange(0, L, layout=gl.SliceLayout(0, Q_LAYOUT))
+    p_q = Q_nope + i_t * stride_qnt + o_hq.to(gl.int64)[:, None] * stride_qnh
+    b_q = gl.load(p_q + o_lq[None, :] * stride_qnd, mask=m_hq[:, None], other=0.0)
+    q_s = gl.allocate_shared_memory(gl.float16, [BLOCK_H, L], MMA_SMEM, b_q.to(gl.float16))
+    if R > 0:
+        o_rq = gl.arange(0, R, layout=gl.SliceLayout(0, Q_LAYOUT))
+        p_qr = Q_rope + i_t * stride_qrt + o_hq.to(gl.int64)[:, None] * stride_qrh
+        b_qr = gl.load(p_qr + o_rq[None, :] * stride_qrd, mask=m_hq[:, None], other=0.0)
+        qr_s = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, R], MMA_SMEM, b_qr)
+
+    # the ring (two slots) and the one dequantized K tile
+    nope_ring = gl.allocate_shared_memory(gl.uint8, [2, BLOCK_N, L], RAW_SMEM)
+    scale_ring = gl.allocate_shared_memory(gl.float32, [2, BLOCK_N, NUM_CHUNKS], SCALE_SMEM)
+    rope_ring = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, 64], MMA_SMEM)
+    k_s = gl.allocate_shared_memory(gl.float16, [BLOCK_N, L], MMA_SMEM)
+
+    w_lo, w_hi, n_steps = _split_range(
+        Counts, i_t, i_s, W, split_len, stride_ct, BLOCK_N, HAS_COUNTS
+    )
+    qk_scale = sm_scale * LOG2E
+
+    b_m = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
+    b_l = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
+    b_o0 = gl.zeros([BLOCK_H, CHUNK], gl.float32, layout=O_LAYOUT)
+    b_o1 = gl.zeros([BLOCK_H, CHUNK], gl.float32, layout=O_LAYOUT)
+    b_o2 = gl.zeros([BLOCK_H, CHUNK], gl.float32, layout=O_LAYOUT)
+    b_o3 = gl.zeros([BLOCK_H, CHUNK], gl.float32, layout=O_LAYOUT)
+    b_ref = 1.0
+    o_g = gl.arange(0, NUM_CHUNKS, layout=gl.SliceLayout(0, SC_DQ_LAYOUT))
+
+    # prologue: steps 0 and 1 in flight, step 0 dequantized, its QK^T issued
+    m_cur = _gather(
+        KV,
+        Idx,
+        i_t,
+        w_lo,
+        w_hi,
+        stride_it,
+        stride_iw,
+        num_rows,
+        page_size,
+        stride_kb,
+        nope_ring.index(0),
+        scale_ring.index(0),
+        rope_ring.index(0),
+        BLOCK_N,
+        L,
+        R,
+        PAGE_SHIFT,
+        NOPE_LAYOUT,
+        SCALE_LAYOUT,
+        ROPE_LAYOUT,
+    )
+    async_copy.commit_group()
+    m_nxt = _gather(
+        KV,
+        Idx,
+        i_t,
+        w_lo + BLOCK_N,
+        w_hi,
+        stride_it,
+        stride_iw,
+        num_rows,
+        page_size,
+        stride_kb,
+        nope_ring.index(1),
+        scale_ring.index(1),
+        rope_ring.index(1),
+        BLOCK_N,
+        L,
+        R,
+        PAGE_SHIFT,
+        NOPE_LAYOUT,
+        SCALE_LAYOUT,
+        ROPE_LAYOUT,
+    )
+    async_copy.commit_group()
+    async_copy.wait_group(1)  # step 0's rows are in
+    _BARRIER()
+    b_rel, b_ref_cur = _step_ratios(scale_ring.index(0), SC_DQ_LAYOUT)
+    for c in gl.static_range(NUM_CHUNKS):
+        _dequant_chunk(nope_ring.index(0), k_s, b_rel, o_g, c, CHUNK, DQH_LAYOUT)
+    fence_async_shared()
+    _BARRIER()
+    b_sn = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=S_LAYOUT)
+    for c in gl.static_range(NUM_CHUNKS):
+        b_sn = _qk_chunk(q_s, k_s, b_sn, c, CHUNK)
+    b_sr = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=S_LAYOUT)
+    if R > 0:
+        b_sr = warpgroup_mma(
+            qr_s, rope_ring.index(0).permute((1, 0)), b_sr, use_acc=False, is_async=True
+        )
+
+    for i_step in range(n_steps):
+        slot = i_step % 2
+        nslot = 1 - slot
+        # step i's logits (units of its reference scale), then the online softmax step
+        if R > 0:
+            b_sn, b_sr = warpgroup_mma_wait(num_outstanding=0, deps=(b_sn, b_sr))
+            b_s = b_sn * b_ref_cur + b_sr
+        else:
+            b_sn = warpgroup_mma_wait(num_outstanding=0, deps=(b_sn,))
+            b_s = b_sn * b_ref_cur
+        m_s = gl.convert_layout(m_cur, gl.SliceLayout(0, S_LAYOUT))
+        b_s = gl.where(m_s[None, :], b_s * qk_scale, float("-inf"))
+        b_m_new = gl.maximum(b_m, gl.max(b_s, 1))
+        b_m_use = gl.where(b_m_new == float("-inf"), 0.0, b_m_new)
+        b_alpha = gl.exp2(b_m - b_m_use)
+        b_p = gl.exp2(b_s - b_m_use[:, None])
+        b_l = b_l * b_alpha + gl.sum(b_p, 1)
+        b_m = b_m_new
+        # the accumulators stay in units of the reference scale
+        b_alpha = b_alpha * (b_ref / b_ref_cur)
+        b_ref = b_ref_cur
+
+        # PV: one asynchronous group per latent chunk (P stays in registers until the last)
+        b_alpha_o = gl.convert_layout(b_alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
+        b_pd = gl.convert_layout(b_p.to(gl.float16), P_LAYOUT)
+        b_o0 = _pv_chunk(b_pd, k_s, b_o0 * b_alpha_o, 0, CHUNK)
+        b_o1 = _pv_chunk(b_pd, k_s, b_o1 * b_alpha_o, 1, CHUNK)
+        b_o2 = _pv_chunk(b_pd, k_s, b_o2 * b_alpha_o, 2, CHUNK)
+        b_o3 = _pv_chunk(b_pd, k_s, b_o3 * b_alpha_o, 3, CHUNK)
+
+        # every warp is past step i's QK^T (its rope read the slot being refilled)
+        _BARRIER()
+        m_nn = _gather(
+            KV,
+            Idx,
+            i_t,
+            w_lo + (i_step + 2) * BLOCK_N,
+            w_hi,
+            stride_it,
+            stride_iw,
+            num_rows,
+            page_size,
+            stride_kb,
+            nope_ring.index(slot),
+            scale_ring.index(slot),
+            rope_ring.index(slot),
+            BLOCK_N,
+            L,
+            R,
+            PAGE_SHIFT,
+            NOPE_LAYOUT,
+            SCALE_LAYOUT,
+            ROPE_LAYOUT,
+        )
+        async_copy.commit_group()
+        async_copy.wait_group(1)  # step i + 1's rows are in
+        _BARRIER()
+
+        # step i + 1 dequantized chunk by chunk into the K tile as PV(i) releases each chunk,
+        # its QK^T issued chunk by chunk behind: the CUDA-core work overlaps the MMAs in flight
+        b_rel, b_ref_nxt = _step_ratios(scale_ring.index(nslot), SC_DQ_LAYOUT)
+        b_o0, b_pd = warpgroup_mma_wait(num_outstanding=3, deps=(b_o0, b_pd))
+        _BARRIER()  # both warpgroups' PV reads of the chunk are done
+        _dequant_chunk(nope_ring.index(nslot), k_s, b_rel, o_g, 0, CHUNK, DQH_LAYOUT)
+        fence_async_shared()
+        _BARRIER()
+        b_sn = _qk_chunk(q_s, k_s, b_sn, 0, CHUNK)
+        b_o1, b_pd = warpgroup_mma_wait(num_outstanding=3, deps=(b_o1, b_pd))
+        _BARRIER()
+        _dequant_chunk(nope_ring.index(nslot), k_s, b_rel, o_g, 1, CHUNK, DQH_LAYOUT)
+        fence_async_shared()
+        _BARRIER()
+        b_sn = _qk_chunk(q_s, k_s, b_sn, 1, CHUNK)
+        b_o2, b_pd = warpgroup_mma_wait(num_outstanding=3, deps=(b_o2, b_pd))
+        _BARRIER()
+        _dequant_chunk(nope_ring.index(nslot), k_s, b_rel, o_g, 2, CHUNK, DQH_LAYOUT)
+        fence_async_shared()
+        _BARRIER()
+        b_sn = _qk_chunk(q_s, k_s, b_sn, 2, CHUNK)
+        b_o3 = warpgroup_mma_wait(num_outstanding=3, deps=(b_o3,))
+        _BARRIER()
+        _dequant_chunk(nope_ring.index(nslot), k_s, b_rel, o_g, 3, CHUNK, DQH_LAYOUT)
+        fence_async_shared()
+        _BARRIER()
+        b_sn = _qk_chunk(q_s, k_s, b_sn, 3, CHUNK)
+        if R > 0:
+            b_sr = warpgroup_mma(
+                qr_s, rope_ring.index(nslot).permute((1, 0)), b_sr, use_acc=False, is_async=True
+            )
+        m_cur = m_nxt
+        m_nxt = m_nn
+        b_ref_cur = b_ref_nxt
+    # the QK^T issued for the step past the end (zero rows): drained, unused
+    if R > 0:
+        b_sn, b_sr = warpgroup_mma_wait(num_outstanding=0, deps=(b_sn, b_sr))
+    else:
+        b_sn = warpgroup_mma_wait(num_outstanding=0, deps=(b_sn,))
+    async_copy.wait_group(0)
+
+    b_inv, b_lse = _result_scale(
+        b_m, b_l, b_ref, Sink, i_hb, H, stride_sink, BLOCK_H, SPLIT, HAS_SINK, S_LAYOUT
+    )
+    b_inv_o = gl.convert_layout(b_inv, gl.SliceLayout(1, O_LAYOUT))[:, None]
+    _store_chunk(
+        b_o0 * b_inv_o,
+        Out,
+        OPart,
+        i_t,
+        i_ts,
+        i_hb,
+        H,
+        stride_ot,
+        stride_oh,
+        stride_od,
+        0,
+        BLOCK_H,
+        CHUNK,
+        L,
+        SPLIT,
+        O_LAYOUT,
+    )
+    _store_chunk(
+        b_o1 * b_inv_o,
+        Out,
+        OPart,
+        i_t,
+        i_ts,
+        i_hb,
+        H,
+        stride_ot,
+        stride_oh,
+        stride_od,
+        1,
+        BLOCK_H,
+        CHUNK,
+        L,
+        SPLIT,
+        O_LAYOUT,
+    )
+    _store_chunk(
+        b_o2 * b_inv_o,
+        Out,
+        OPart,
+        i_t,
+        i_ts,
+        i_hb,
+        H,
+        stride_ot,
+        stride_oh,
+        stride_od,
+        2,
+        BLOCK_H,
+        CHUNK,
+        L,
+        SPLIT,
+        O_LAYOUT,
+    )
+    _store_chunk(
+        b_o3 * b_inv_o,
+        Out,
+        OPart,
+        i_t,
+        i_ts,
+        i_hb,
+        H,
+        stride_ot,
+        stride_oh,
+        stride_od,
+        3,
+        BLOCK_H,
+        CHUNK,
+        L,
+        SPLIT,
+        O_LAYOUT,
+    )
+    o_h = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, S_LAYOUT))
+    if SPLIT:
+        gl.store(LsePart + i_ts.to(gl.int64) * H + o_h, b_lse, mask=o_h < H)
+    elif STORE_LSE:
+        gl.store(Lse + i_t * H + o_h, b_lse, mask=o_h < H)
