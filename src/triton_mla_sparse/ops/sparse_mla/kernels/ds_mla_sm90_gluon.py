@@ -989,19 +989,27 @@ CHUNK = gl.constexpr(128)  # latent columns per scale, per PV group, per QK^T gr
 
 
 @gluon.jit
-def _step_ratios(scale_slot, SC_DQ_LAYOUT: gl.constexpr):
-    # the step's scales over its reference (its largest, rounded up to a power of two)
-    b_sc = scale_slot.load(SC_DQ_LAYOUT)
-    b_ref = _pow2_ref(gl.max(gl.max(b_sc, 1), 0))
-    return b_sc * (1.0 / b_ref), b_ref
+def _step_ref(scale_slot, SC_DQ_LAYOUT: gl.constexpr):
+    # the step's reference scale: its largest, rounded up to a power of two
+    return _pow2_ref(gl.max(gl.max(scale_slot.load(SC_DQ_LAYOUT), 1), 0))
 
 
 @gluon.jit
 def _dequant_chunk(
-    nope_slot, k_s, b_rel, o_g, c: gl.constexpr, C: gl.constexpr, DQ_LAYOUT: gl.constexpr
+    nope_slot,
+    scale_slot,
+    k_s,
+    b_inv_ref,
+    c: gl.constexpr,
+    C: gl.constexpr,
+    SC_DQ_LAYOUT: gl.constexpr,
+    DQ_LAYOUT: gl.constexpr,
 ):
     # chunk c of a step's e4m3 bytes into the fp16 K tile: e4m3 x (scale / reference), formed
-    # in fp16 (exact e4m3 values; one rounding, the fp32 product's where the ratio is exact)
+    # in fp16 (exact e4m3 values; one rounding, the fp32 product's where the ratio is exact).
+    # The scales are read again for each chunk: nothing of them stays live across chunks
+    o_g = gl.arange(0, NUM_CHUNKS, layout=gl.SliceLayout(0, SC_DQ_LAYOUT))
+    b_rel = scale_slot.load(SC_DQ_LAYOUT) * b_inv_ref
     b_rel_c = gl.sum(gl.where((o_g == c)[None, :], b_rel, 0.0), 1)
     b_rel_h = gl.convert_layout(b_rel_c, gl.SliceLayout(1, DQ_LAYOUT)).to(gl.float16)[:, None]
     _dequant_cols(nope_slot, k_s, b_rel_h, c * C, C // 2, DQ_LAYOUT)
@@ -1252,10 +1260,9 @@ def sparse_mla_ds_mla_sm90_gluon_ov_kernel(
     b_o2 = gl.zeros([BLOCK_H, CHUNK], gl.float32, layout=O_LAYOUT)
     b_o3 = gl.zeros([BLOCK_H, CHUNK], gl.float32, layout=O_LAYOUT)
     b_ref = 1.0
-    o_g = gl.arange(0, NUM_CHUNKS, layout=gl.SliceLayout(0, SC_DQ_LAYOUT))
 
     # prologue: steps 0 and 1 in flight, step 0 dequantized, its QK^T issued
-    m_cur = _gather(
+    _gather(
         KV,
         Idx,
         i_t,
@@ -1278,7 +1285,7 @@ def sparse_mla_ds_mla_sm90_gluon_ov_kernel(
         ROPE_LAYOUT,
     )
     async_copy.commit_group()
-    m_nxt = _gather(
+    _gather(
         KV,
         Idx,
         i_t,
@@ -1303,9 +1310,18 @@ def sparse_mla_ds_mla_sm90_gluon_ov_kernel(
     async_copy.commit_group()
     async_copy.wait_group(1)  # step 0's rows are in
     _BARRIER()
-    b_rel, b_ref_cur = _step_ratios(scale_ring.index(0), SC_DQ_LAYOUT)
+    b_ref_cur = _step_ref(scale_ring.index(0), SC_DQ_LAYOUT)
     for c in gl.static_range(NUM_CHUNKS):
-        _dequant_chunk(nope_ring.index(0), k_s, b_rel, o_g, c, CHUNK, DQH_LAYOUT)
+        _dequant_chunk(
+            nope_ring.index(0),
+            scale_ring.index(0),
+            k_s,
+            1.0 / b_ref_cur,
+            c,
+            CHUNK,
+            SC_DQ_LAYOUT,
+            DQH_LAYOUT,
+        )
     fence_async_shared()
     _BARRIER()
     b_sn = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=S_LAYOUT)
@@ -1327,7 +1343,21 @@ def sparse_mla_ds_mla_sm90_gluon_ov_kernel(
         else:
             b_sn = warpgroup_mma_wait(num_outstanding=0, deps=(b_sn,))
             b_s = b_sn * b_ref_cur
-        m_s = gl.convert_layout(m_cur, gl.SliceLayout(0, S_LAYOUT))
+        # step i's validity read in the logits' column layout (no mask carried across steps)
+        _, m_s = _rows(
+            Idx,
+            i_t,
+            w_lo + i_step * BLOCK_N,
+            w_hi,
+            stride_it,
+            stride_iw,
+            num_rows,
+            page_size,
+            stride_kb,
+            BLOCK_N,
+            PAGE_SHIFT,
+            gl.SliceLayout(0, S_LAYOUT),
+        )
         b_s = gl.where(m_s[None, :], b_s * qk_scale, float("-inf"))
         b_m_new = gl.maximum(b_m, gl.max(b_s, 1))
         b_m_use = gl.where(b_m_new == float("-inf"), 0.0, b_m_new)
@@ -1349,7 +1379,7 @@ def sparse_mla_ds_mla_sm90_gluon_ov_kernel(
 
         # every warp is past step i's QK^T (its rope read the slot being refilled)
         _BARRIER()
-        m_nn = _gather(
+        _gather(
             KV,
             Idx,
             i_t,
@@ -1377,28 +1407,65 @@ def sparse_mla_ds_mla_sm90_gluon_ov_kernel(
 
         # step i + 1 dequantized chunk by chunk into the K tile as PV(i) releases each chunk,
         # its QK^T issued chunk by chunk behind: the CUDA-core work overlaps the MMAs in flight
-        b_rel, b_ref_nxt = _step_ratios(scale_ring.index(nslot), SC_DQ_LAYOUT)
+        b_ref_nxt = _step_ref(scale_ring.index(nslot), SC_DQ_LAYOUT)
+        b_inv_nxt = 1.0 / b_ref_nxt
         b_o0, b_pd = warpgroup_mma_wait(num_outstanding=3, deps=(b_o0, b_pd))
         _BARRIER()  # both warpgroups' PV reads of the chunk are done
-        _dequant_chunk(nope_ring.index(nslot), k_s, b_rel, o_g, 0, CHUNK, DQH_LAYOUT)
+        _dequant_chunk(
+            nope_ring.index(nslot),
+            scale_ring.index(nslot),
+            k_s,
+            b_inv_nxt,
+            0,
+            CHUNK,
+            SC_DQ_LAYOUT,
+            DQH_LAYOUT,
+        )
         fence_async_shared()
         _BARRIER()
         b_sn = _qk_chunk(q_s, k_s, b_sn, 0, CHUNK)
         b_o1, b_pd = warpgroup_mma_wait(num_outstanding=3, deps=(b_o1, b_pd))
         _BARRIER()
-        _dequant_chunk(nope_ring.index(nslot), k_s, b_rel, o_g, 1, CHUNK, DQH_LAYOUT)
+        _dequant_chunk(
+            nope_ring.index(nslot),
+            scale_ring.index(nslot),
+            k_s,
+            b_inv_nxt,
+            1,
+            CHUNK,
+            SC_DQ_LAYOUT,
+            DQH_LAYOUT,
+        )
         fence_async_shared()
         _BARRIER()
         b_sn = _qk_chunk(q_s, k_s, b_sn, 1, CHUNK)
         b_o2, b_pd = warpgroup_mma_wait(num_outstanding=3, deps=(b_o2, b_pd))
         _BARRIER()
-        _dequant_chunk(nope_ring.index(nslot), k_s, b_rel, o_g, 2, CHUNK, DQH_LAYOUT)
+        _dequant_chunk(
+            nope_ring.index(nslot),
+            scale_ring.index(nslot),
+            k_s,
+            b_inv_nxt,
+            2,
+            CHUNK,
+            SC_DQ_LAYOUT,
+            DQH_LAYOUT,
+        )
         fence_async_shared()
         _BARRIER()
         b_sn = _qk_chunk(q_s, k_s, b_sn, 2, CHUNK)
         b_o3 = warpgroup_mma_wait(num_outstanding=3, deps=(b_o3,))
         _BARRIER()
-        _dequant_chunk(nope_ring.index(nslot), k_s, b_rel, o_g, 3, CHUNK, DQH_LAYOUT)
+        _dequant_chunk(
+            nope_ring.index(nslot),
+            scale_ring.index(nslot),
+            k_s,
+            b_inv_nxt,
+            3,
+            CHUNK,
+            SC_DQ_LAYOUT,
+            DQH_LAYOUT,
+        )
         fence_async_shared()
         _BARRIER()
         b_sn = _qk_chunk(q_s, k_s, b_sn, 3, CHUNK)
@@ -1406,8 +1473,6 @@ def sparse_mla_ds_mla_sm90_gluon_ov_kernel(
             b_sr = warpgroup_mma(
                 qr_s, rope_ring.index(nslot).permute((1, 0)), b_sr, use_acc=False, is_async=True
             )
-        m_cur = m_nxt
-        m_nxt = m_nn
         b_ref_cur = b_ref_nxt
     # the QK^T issued for the step past the end (zero rows): drained, unused
     if R > 0:
