@@ -33,6 +33,7 @@ from .ds_mla_sm90_gluon import (
     _gather,
     _pow2_ref,
     _program_coords,
+    _rows,
     _split_range,
     _store_result,
 )
@@ -370,26 +371,41 @@ def _gather_latent(
 ):
     # cp.async of rows [w0, w0 + BLOCK_N) of token i_t's list (L latent values, then R rope
     # values, in q's dtype) into one ring slot; masked rows are zero-filled. The rows' validity.
-    idx_layout: gl.constexpr = gl.SliceLayout(1, NOPE_LAYOUT)
-    o_w = w0 + gl.arange(0, BLOCK_N, layout=idx_layout)
-    m_w = o_w < w_hi
-    b_idx = gl.load(Idx + i_t * stride_it + o_w * stride_iw, mask=m_w, other=-1)
-    m_n = (b_idx >= 0) & (b_idx < num_rows)
-    b_idx = gl.where(m_n, b_idx, 0)
-    if PAGE_SHIFT >= 0:
-        b_page = b_idx >> PAGE_SHIFT
-        b_slot = b_idx & ((1 << PAGE_SHIFT) - 1)
-    else:
-        b_page = b_idx // page_size
-        b_slot = b_idx - b_page * page_size
-    o_row = b_page.to(gl.int64) * stride_kb + b_slot.to(gl.int64) * stride_kr
+    o_row, m_n = _rows(
+        Idx,
+        i_t,
+        w0,
+        w_hi,
+        stride_it,
+        stride_iw,
+        num_rows,
+        page_size,
+        stride_kb,
+        stride_kr,
+        BLOCK_N,
+        PAGE_SHIFT,
+        gl.SliceLayout(1, NOPE_LAYOUT),
+    )
     o_c = gl.arange(0, L, layout=gl.SliceLayout(0, NOPE_LAYOUT))
     _ASYNC_LOAD(
         nope_slot, KV + o_row[:, None] + o_c[None, :], mask=m_n[:, None] & (o_c < L)[None, :]
     )
     if R > 0:
-        o_row_r = gl.convert_layout(o_row, gl.SliceLayout(1, ROPE_LAYOUT))
-        m_n_r = gl.convert_layout(m_n, gl.SliceLayout(1, ROPE_LAYOUT))
+        o_row_r, m_n_r = _rows(
+            Idx,
+            i_t,
+            w0,
+            w_hi,
+            stride_it,
+            stride_iw,
+            num_rows,
+            page_size,
+            stride_kb,
+            stride_kr,
+            BLOCK_N,
+            PAGE_SHIFT,
+            gl.SliceLayout(1, ROPE_LAYOUT),
+        )
         o_r = gl.arange(0, R, layout=gl.SliceLayout(0, ROPE_LAYOUT))
         p_rope = KV + o_row_r[:, None] + L + o_r[None, :]
         _ASYNC_LOAD(rope_slot, p_rope, mask=m_n_r[:, None] & (o_r < R)[None, :])

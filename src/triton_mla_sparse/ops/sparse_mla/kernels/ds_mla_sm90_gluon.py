@@ -70,6 +70,7 @@ def _rows(
     num_rows,
     page_size,
     stride_kb,
+    stride_row,
     BLOCK_N: gl.constexpr,
     PAGE_SHIFT: gl.constexpr,
     ROW_LAYOUT: gl.constexpr,
@@ -88,7 +89,7 @@ def _rows(
     else:
         b_page = b_idx // page_size
         b_slot = b_idx - b_page * page_size
-    o_row = b_page.to(gl.int64) * stride_kb + b_slot.to(gl.int64) * ROW_BYTES
+    o_row = b_page.to(gl.int64) * stride_kb + b_slot.to(gl.int64) * stride_row
     return o_row, m_n
 
 
@@ -127,6 +128,7 @@ def _gather(
         num_rows,
         page_size,
         stride_kb,
+        ROW_BYTES,
         BLOCK_N,
         PAGE_SHIFT,
         gl.SliceLayout(1, NOPE_LAYOUT),
@@ -145,6 +147,7 @@ def _gather(
         num_rows,
         page_size,
         stride_kb,
+        ROW_BYTES,
         BLOCK_N,
         PAGE_SHIFT,
         gl.SliceLayout(1, SCALE_LAYOUT),
@@ -164,6 +167,7 @@ def _gather(
             num_rows,
             page_size,
             stride_kb,
+            ROW_BYTES,
             BLOCK_N,
             PAGE_SHIFT,
             gl.SliceLayout(1, ROPE_LAYOUT),
@@ -598,6 +602,7 @@ def _ws_dequant(
             num_rows,
             page_size,
             stride_kb,
+            ROW_BYTES,
             BLOCK_N,
             PAGE_SHIFT,
             gl.SliceLayout(1, DQ),
@@ -619,6 +624,7 @@ def _ws_dequant(
             num_rows,
             page_size,
             stride_kb,
+            ROW_BYTES,
             BLOCK_N,
             PAGE_SHIFT,
             gl.SliceLayout(1, SC),
@@ -637,6 +643,7 @@ def _ws_dequant(
                 num_rows,
                 page_size,
                 stride_kb,
+                ROW_BYTES,
                 BLOCK_N,
                 PAGE_SHIFT,
                 gl.SliceLayout(1, RP),
@@ -1354,6 +1361,7 @@ def sparse_mla_ds_mla_sm90_gluon_ov_kernel(
             num_rows,
             page_size,
             stride_kb,
+            ROW_BYTES,
             BLOCK_N,
             PAGE_SHIFT,
             gl.SliceLayout(0, S_LAYOUT),
