@@ -132,10 +132,15 @@ def _v4_step_rows(
 ):
     # one step of one index list: gather, dequantize (exact: e4m3 x 2^e in bf16), write the tile
     # and each row's validity into the ring slot
+    # every tile of the step in one layout, so that the rows' offsets, validity and scales are
+    # where each dequantizing thread needs them without moving between threads (a conversion
+    # is a round trip through shared memory and two barriers): the NoPE groups and the RoPE
+    # values 8 a thread, and each row's eight scale bytes on each of the four threads that
+    # dequantize that row
     DQ: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [DEQUANT_WARPS, 1], [1, 0])
-    SC: gl.constexpr = gl.BlockedLayout([1, 8], [32, 1], [DEQUANT_WARPS, 1], [1, 0])
-    RP: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [DEQUANT_WARPS, 1], [1, 0])
-    ROWS: gl.constexpr = gl.BlockedLayout([1], [32], [DEQUANT_WARPS], [0])
+    SC: gl.constexpr = DQ
+    RP: gl.constexpr = DQ
+    ROWS: gl.constexpr = gl.SliceLayout(1, DQ)
     o_data, o_scale, m_n = _v4_row_offsets(
         Idx,
         BlockTable,
@@ -160,15 +165,15 @@ def _v4_step_rows(
     )
 
     # the seven scales of each row, 2^(byte - 127) from their bits (0 where masked)
-    o_sc = gl.convert_layout(o_scale, gl.SliceLayout(1, SC))
-    m_sc = gl.convert_layout(m_n, gl.SliceLayout(1, SC))
+    o_sc = o_scale
+    m_sc = m_n
     o_g = gl.arange(0, 8, layout=gl.SliceLayout(0, SC))
     m_g = o_g < V4_NOPE // V4_GROUP
     b_e = gl.load(KV + o_sc[:, None] + o_g[None, :], mask=m_sc[:, None] & m_g[None, :], other=0)
     b_sc = (b_e.to(gl.int32) << FP32_MANTISSA_BITS).to(gl.float32, bitcast=True)
     # the NoPE groups (loads first, so that their latencies overlap), then the RoPE values
-    o_d = gl.convert_layout(o_data, gl.SliceLayout(1, DQ))
-    m_d = gl.convert_layout(m_n, gl.SliceLayout(1, DQ))
+    o_d = o_data
+    m_d = m_n
     o_c = gl.arange(0, V4_GROUP, layout=gl.SliceLayout(0, DQ))
     p_k = KV + o_d[:, None] + o_c[None, :]
     m_k = m_d[:, None] & (o_c < V4_GROUP)[None, :]
@@ -179,8 +184,8 @@ def _v4_step_rows(
     b_k4 = gl.load(p_k + 4 * V4_GROUP, mask=m_k, other=0)
     b_k5 = gl.load(p_k + 5 * V4_GROUP, mask=m_k, other=0)
     b_k6 = gl.load(p_k + 6 * V4_GROUP, mask=m_k, other=0)
-    o_r = gl.convert_layout(o_data, gl.SliceLayout(1, RP))
-    m_r = gl.convert_layout(m_n, gl.SliceLayout(1, RP))
+    o_r = o_data
+    m_r = m_n
     o_rc = gl.arange(0, V4_ROPE, layout=gl.SliceLayout(0, RP))
     p_r = (KV + o_r[:, None] + V4_NOPE).to(gl.pointer_type(gl.bfloat16)) + o_rc[None, :]
     b_kr = gl.load(p_r, mask=m_r[:, None] & (o_rc < V4_ROPE)[None, :], other=0.0)
