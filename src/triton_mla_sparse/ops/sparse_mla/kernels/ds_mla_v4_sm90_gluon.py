@@ -699,13 +699,56 @@ def _v4_gather_async(
     o_c = gl.arange(0, V4_NOPE_PAD, layout=gl.SliceLayout(0, NOPE_LAYOUT))
     p_nope = KV + o_data[:, None] + o_c[None, :]
     _ASYNC_LOAD(nope_slot, p_nope, mask=m_n[:, None] & (o_c < V4_NOPE)[None, :])
-    o_r = gl.convert_layout(o_data, gl.SliceLayout(1, ROPE_LAYOUT))
-    m_r = gl.convert_layout(m_n, gl.SliceLayout(1, ROPE_LAYOUT))
+    # the RoPE values' and the scales' tiles address the rows in their own layouts (the
+    # indices and block table read again, cached: cheaper than moving offsets between
+    # threads through shared memory)
+    o_r, _, m_r = _v4_row_offsets(
+        Idx,
+        BlockTable,
+        i_t,
+        i_req,
+        w0,
+        w_hi,
+        stride_it,
+        stride_iw,
+        stride_btr,
+        stride_btb,
+        bt_block_size,
+        bt_max_blocks,
+        num_rows,
+        page_size,
+        stride_kb,
+        BLOCK_N,
+        HAS_BT,
+        BT_SHIFT,
+        PAGE_SHIFT,
+        gl.SliceLayout(1, ROPE_LAYOUT),
+    )
     o_rc = gl.arange(0, V4_ROPE, layout=gl.SliceLayout(0, ROPE_LAYOUT))
     p_rope = (KV + o_r[:, None] + V4_NOPE).to(gl.pointer_type(gl.bfloat16)) + o_rc[None, :]
     _ASYNC_LOAD(rope_slot, p_rope, mask=m_r[:, None] & (o_rc < V4_ROPE)[None, :])
-    o_sc = gl.convert_layout(o_scale, gl.SliceLayout(1, SC_LAYOUT))
-    m_sc = gl.convert_layout(m_n, gl.SliceLayout(1, SC_LAYOUT))
+    _, o_sc, m_sc = _v4_row_offsets(
+        Idx,
+        BlockTable,
+        i_t,
+        i_req,
+        w0,
+        w_hi,
+        stride_it,
+        stride_iw,
+        stride_btr,
+        stride_btb,
+        bt_block_size,
+        bt_max_blocks,
+        num_rows,
+        page_size,
+        stride_kb,
+        BLOCK_N,
+        HAS_BT,
+        BT_SHIFT,
+        PAGE_SHIFT,
+        gl.SliceLayout(1, SC_LAYOUT),
+    )
     o_g = gl.arange(0, 8, layout=gl.SliceLayout(0, SC_LAYOUT))
     m_g = o_g < V4_GROUPS
     b_e = gl.load(KV + o_sc[:, None] + o_g[None, :], mask=m_sc[:, None] & m_g[None, :], other=0)
