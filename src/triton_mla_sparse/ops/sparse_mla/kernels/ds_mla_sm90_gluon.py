@@ -417,7 +417,7 @@ def sparse_mla_ds_mla_sm90_gluon_kernel(
     b_o = gl.zeros([BLOCK_H, L], gl.float32, layout=O_LAYOUT)
     b_ref = 1.0
 
-    m_next = _gather(
+    _gather(
         KV,
         Idx,
         i_t,
@@ -443,10 +443,9 @@ def sparse_mla_ds_mla_sm90_gluon_kernel(
     for i_step in range(n_steps):
         slot = i_step % 2
         w0 = w_lo + i_step * BLOCK_N
-        m_n = m_next
         # every thread is past its reads of the other slot (the previous step) before it refills
         _BARRIER()
-        m_next = _gather(
+        _gather(
             KV,
             Idx,
             i_t,
@@ -502,7 +501,21 @@ def sparse_mla_ds_mla_sm90_gluon_kernel(
             b_s = b_sn * b_ref_new
 
         # the online softmax step over the valid rows (their validity kept from the gather)
-        m_s = gl.convert_layout(m_n, gl.SliceLayout(0, S_LAYOUT))
+        _, m_s = _rows(
+            Idx,
+            i_t,
+            w0,
+            w_hi,
+            stride_it,
+            stride_iw,
+            num_rows,
+            page_size,
+            stride_kb,
+            ROW_BYTES,
+            BLOCK_N,
+            PAGE_SHIFT,
+            gl.SliceLayout(0, S_LAYOUT),
+        )
         b_s = gl.where(m_s[None, :], b_s * qk_scale, float("-inf"))
         b_m_new = gl.maximum(b_m, gl.max(b_s, 1))
         b_m_use = gl.where(b_m_new == float("-inf"), 0.0, b_m_new)
