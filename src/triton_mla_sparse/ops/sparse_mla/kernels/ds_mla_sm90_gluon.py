@@ -206,6 +206,93 @@ def _split_range(
 
 
 @gluon.jit
+def _result_scale(
+    b_m,
+    b_l,
+    b_scale,
+    Sink,
+    i_hb,
+    H,
+    stride_sink,
+    BLOCK_H: gl.constexpr,
+    SPLIT: gl.constexpr,
+    HAS_SINK: gl.constexpr,
+    S_LAYOUT: gl.constexpr,
+):
+    # a program's normalisation from its running max b_m (log2 units) and sum b_l: the factor its
+    # accumulator (in units of b_scale) is multiplied by, and the LSE; an empty (t, split) gives
+    # zeros and LSE -inf
+    o_h = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, S_LAYOUT))
+    m_h = o_h < H
+    b_nonempty = b_l > 0.0
+    b_inv = 1.0 / gl.where(b_nonempty, b_l, 1.0)
+    if HAS_SINK and not SPLIT:  # a split's partial leaves the sink to the merge
+        b_sink = gl.load(Sink + o_h * stride_sink, mask=m_h, other=float("-inf")).to(gl.float32)
+        b_m_use = gl.where(b_m == float("-inf"), 0.0, b_m)
+        b_den = b_l + gl.exp2(b_sink * LOG2E - b_m_use)
+        b_inv = gl.where(b_den > 0.0, 1.0 / gl.where(b_den > 0.0, b_den, 1.0), 0.0)
+    b_lse = gl.where(
+        b_nonempty, (b_m + gl.log2(gl.where(b_nonempty, b_l, 1.0))) / LOG2E, float("-inf")
+    )
+    return b_inv * b_scale, b_lse
+
+
+@gluon.jit
+def _store_chunk(
+    b_out,
+    Out,
+    OPart,
+    i_t,
+    i_ts,
+    i_hb,
+    H,
+    stride_ot,
+    stride_oh,
+    stride_od,
+    c: gl.constexpr,
+    BLOCK_H: gl.constexpr,
+    C: gl.constexpr,
+    L: gl.constexpr,
+    SPLIT: gl.constexpr,
+    O_LAYOUT: gl.constexpr,
+):
+    # columns [c * C, (c + 1) * C) of the normalised output (or of the split's partial)
+    o_ho = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, O_LAYOUT))
+    m_ho = o_ho < H
+    o_lo = c * C + gl.arange(0, C, layout=gl.SliceLayout(0, O_LAYOUT))
+    if SPLIT:
+        p_o = OPart + (i_ts.to(gl.int64) * H + o_ho)[:, None] * L + o_lo[None, :]
+        gl.store(p_o, b_out, mask=m_ho[:, None])
+    else:
+        p_o = Out + i_t * stride_ot + o_ho.to(gl.int64)[:, None] * stride_oh
+        gl.store(
+            p_o + o_lo[None, :] * stride_od, b_out.to(Out.dtype.element_ty), mask=m_ho[:, None]
+        )
+
+
+@gluon.jit
+def _store_lse(
+    b_lse,
+    Lse,
+    LsePart,
+    i_t,
+    i_ts,
+    i_hb,
+    H,
+    BLOCK_H: gl.constexpr,
+    SPLIT: gl.constexpr,
+    STORE_LSE: gl.constexpr,
+    S_LAYOUT: gl.constexpr,
+):
+    # the LSE of the program's heads: the split's partial, or the output's where asked for
+    o_h = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, S_LAYOUT))
+    if SPLIT:
+        gl.store(LsePart + i_ts.to(gl.int64) * H + o_h, b_lse, mask=o_h < H)
+    elif STORE_LSE:
+        gl.store(Lse + i_t * H + o_h, b_lse, mask=o_h < H)
+
+
+@gluon.jit
 def _store_result(
     b_o,
     b_m,
@@ -234,37 +321,29 @@ def _store_result(
 ):
     # the program's result from its running max b_m (log2 units), sum b_l and accumulator b_o
     # (in units of b_scale): the output (or the split's partial) and its LSE
-    # normalise; an empty (t, split) gives zeros and LSE -inf
-    o_h = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, S_LAYOUT))
-    m_h = o_h < H
-    b_nonempty = b_l > 0.0
-    b_inv = 1.0 / gl.where(b_nonempty, b_l, 1.0)
-    if HAS_SINK and not SPLIT:  # a split's partial leaves the sink to the merge
-        b_sink = gl.load(Sink + o_h * stride_sink, mask=m_h, other=float("-inf")).to(gl.float32)
-        b_m_use = gl.where(b_m == float("-inf"), 0.0, b_m)
-        b_den = b_l + gl.exp2(b_sink * LOG2E - b_m_use)
-        b_inv = gl.where(b_den > 0.0, 1.0 / gl.where(b_den > 0.0, b_den, 1.0), 0.0)
-    b_inv = b_inv * b_scale
-    b_lse = gl.where(
-        b_nonempty, (b_m + gl.log2(gl.where(b_nonempty, b_l, 1.0))) / LOG2E, float("-inf")
+    b_inv, b_lse = _result_scale(
+        b_m, b_l, b_scale, Sink, i_hb, H, stride_sink, BLOCK_H, SPLIT, HAS_SINK, S_LAYOUT
     )
-    o_ho = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, O_LAYOUT))
-    m_ho = o_ho < H
-    o_lo = gl.arange(0, L, layout=gl.SliceLayout(0, O_LAYOUT))
     b_out = b_o * gl.convert_layout(b_inv, gl.SliceLayout(1, O_LAYOUT))[:, None]
-    if SPLIT:
-        p_o = OPart + (i_ts.to(gl.int64) * H + o_ho)[:, None] * L + o_lo[None, :]
-        gl.store(p_o, b_out, mask=m_ho[:, None])
-        gl.store(LsePart + i_ts.to(gl.int64) * H + o_h, b_lse, mask=m_h)
-    else:
-        p_o = Out + i_t * stride_ot + o_ho.to(gl.int64)[:, None] * stride_oh
-        gl.store(
-            p_o + o_lo[None, :] * stride_od,
-            b_out.to(Out.dtype.element_ty),
-            mask=m_ho[:, None],
-        )
-        if STORE_LSE:
-            gl.store(Lse + i_t * H + o_h, b_lse, mask=m_h)
+    _store_chunk(
+        b_out,
+        Out,
+        OPart,
+        i_t,
+        i_ts,
+        i_hb,
+        H,
+        stride_ot,
+        stride_oh,
+        stride_od,
+        0,
+        BLOCK_H,
+        L,
+        L,
+        SPLIT,
+        O_LAYOUT,
+    )
+    _store_lse(b_lse, Lse, LsePart, i_t, i_ts, i_hb, H, BLOCK_H, SPLIT, STORE_LSE, S_LAYOUT)
 
 
 @gluon.jit
@@ -1064,69 +1143,6 @@ def _pv_chunk(b_pd, k_s, b_oc, c: gl.constexpr, C: gl.constexpr):
 
 
 @gluon.jit
-def _result_scale(
-    b_m,
-    b_l,
-    b_scale,
-    Sink,
-    i_hb,
-    H,
-    stride_sink,
-    BLOCK_H: gl.constexpr,
-    SPLIT: gl.constexpr,
-    HAS_SINK: gl.constexpr,
-    S_LAYOUT: gl.constexpr,
-):
-    # _store_result's normalisation: the factor the accumulator is multiplied by, and the LSE
-    o_h = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, S_LAYOUT))
-    m_h = o_h < H
-    b_nonempty = b_l > 0.0
-    b_inv = 1.0 / gl.where(b_nonempty, b_l, 1.0)
-    if HAS_SINK and not SPLIT:  # a split's partial leaves the sink to the merge
-        b_sink = gl.load(Sink + o_h * stride_sink, mask=m_h, other=float("-inf")).to(gl.float32)
-        b_m_use = gl.where(b_m == float("-inf"), 0.0, b_m)
-        b_den = b_l + gl.exp2(b_sink * LOG2E - b_m_use)
-        b_inv = gl.where(b_den > 0.0, 1.0 / gl.where(b_den > 0.0, b_den, 1.0), 0.0)
-    b_lse = gl.where(
-        b_nonempty, (b_m + gl.log2(gl.where(b_nonempty, b_l, 1.0))) / LOG2E, float("-inf")
-    )
-    return b_inv * b_scale, b_lse
-
-
-@gluon.jit
-def _store_chunk(
-    b_out,
-    Out,
-    OPart,
-    i_t,
-    i_ts,
-    i_hb,
-    H,
-    stride_ot,
-    stride_oh,
-    stride_od,
-    c: gl.constexpr,
-    BLOCK_H: gl.constexpr,
-    C: gl.constexpr,
-    L: gl.constexpr,
-    SPLIT: gl.constexpr,
-    O_LAYOUT: gl.constexpr,
-):
-    # columns [c * C, (c + 1) * C) of the normalised output (or of the split's partial)
-    o_ho = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, O_LAYOUT))
-    m_ho = o_ho < H
-    o_lo = c * C + gl.arange(0, C, layout=gl.SliceLayout(0, O_LAYOUT))
-    if SPLIT:
-        p_o = OPart + (i_ts.to(gl.int64) * H + o_ho)[:, None] * L + o_lo[None, :]
-        gl.store(p_o, b_out, mask=m_ho[:, None])
-    else:
-        p_o = Out + i_t * stride_ot + o_ho.to(gl.int64)[:, None] * stride_oh
-        gl.store(
-            p_o + o_lo[None, :] * stride_od, b_out.to(Out.dtype.element_ty), mask=m_ho[:, None]
-        )
-
-
-@gluon.jit
 def sparse_mla_ds_mla_sm90_gluon_ov_kernel(
     Q_nope,
     Q_rope,
@@ -1578,8 +1594,4 @@ def sparse_mla_ds_mla_sm90_gluon_ov_kernel(
         SPLIT,
         O_LAYOUT,
     )
-    o_h = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, S_LAYOUT))
-    if SPLIT:
-        gl.store(LsePart + i_ts.to(gl.int64) * H + o_h, b_lse, mask=o_h < H)
-    elif STORE_LSE:
-        gl.store(Lse + i_t * H + o_h, b_lse, mask=o_h < H)
+    _store_lse(b_lse, Lse, LsePart, i_t, i_ts, i_hb, H, BLOCK_H, SPLIT, STORE_LSE, S_LAYOUT)
