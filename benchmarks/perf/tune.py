@@ -186,8 +186,7 @@ def gluon_tiles(c: Case) -> list[KernelConfig]:
     """The Triton kernel's 64 x 64 tile beside the sm90 kernels in Gluon (KernelConfig.gluon)
     in the same tile and split count: fp8_ds_mla "pipelined" (gathers a step ahead in a
     two-slot ring, one wait per MMA chain), "specialized" (dequantizing warps feeding the MMA
-    warps a ring of fp16 tiles) and "overlapped" (the pipelined ring, PV in four chunk groups
-    with the next step's dequantization and QK^T interleaved); DeepSeek-V4's record in both forms (a ring of raw bytes
+    warps a ring of fp16 tiles); DeepSeek-V4's record in both forms (a ring of raw bytes
     dequantized in the MMA warps, or a ring of bf16 tiles from a dequantizing warpgroup; both
     index sets); rows in q's dtype (kv_format "auto") in the wgmma kernel reading its ring. The
     default (the heuristics' choice) is one of them where it runs Gluon."""
@@ -207,7 +206,7 @@ def gluon_tiles(c: Case) -> list[KernelConfig]:
         return []
     return [base] + [
         dataclasses.replace(base, gluon=form, num_stages=1, idx_ahead=False)
-        for form in ("pipelined", "specialized", "overlapped")
+        for form in ("pipelined", "specialized")
     ]
 
 

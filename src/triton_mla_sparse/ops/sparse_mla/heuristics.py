@@ -85,8 +85,7 @@ class KernelConfig:
     # Triton's pipeliner. fp8_ds_mla with the fp16 fold (kernels/ds_mla_sm90_gluon.py):
     # "pipelined" gathers a step ahead in a two-slot cp.async ring, one wait per MMA chain;
     # "specialized" has four dequantizing warps fill a two-slot ring of fp16 K tiles that the
-    # MMA warps consume; "overlapped" is "pipelined" with PV in four chunk groups and the next
-    # step's dequantization and QK^T interleaved with them; no block table, no extra set. The V4 record with bf16 MMAs
+    # MMA warps consume; no block table, no extra set. The V4 record with bf16 MMAs
     # (kernels/ds_mla_v4_sm90_gluon.py): "pipelined" (one partition, cp.async ring) and
     # "specialized", both sets, block tables. Rows in bf16 (kv_format "auto";
     # kernels/latent_sm90_gluon.py): "pipelined", the MMAs reading the cp.async ring, no block

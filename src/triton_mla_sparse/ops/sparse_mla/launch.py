@@ -18,7 +18,6 @@ from .plan import (
     DS_MLA,
     DS_MLA_AMPERE_GLUON,
     DS_MLA_GLUON,
-    DS_MLA_GLUON_OV,
     DS_MLA_GLUON_WS,
     DS_MLA_V4,
     DS_MLA_V4_GLUON,
@@ -40,7 +39,6 @@ FORWARD = {
 try:  # a Triton without Gluon's Hopper layer has no such kernel (plans asking for it fail)
     from .kernels.ds_mla_sm90_gluon import (
         sparse_mla_ds_mla_sm90_gluon_kernel,
-        sparse_mla_ds_mla_sm90_gluon_ov_kernel,
         sparse_mla_ds_mla_sm90_gluon_ws_kernel,
     )
     from .kernels.ds_mla_v4_sm90_gluon import (
@@ -50,7 +48,6 @@ try:  # a Triton without Gluon's Hopper layer has no such kernel (plans asking f
 
     FORWARD[DS_MLA_GLUON] = sparse_mla_ds_mla_sm90_gluon_kernel
     FORWARD[DS_MLA_GLUON_WS] = sparse_mla_ds_mla_sm90_gluon_ws_kernel
-    FORWARD[DS_MLA_GLUON_OV] = sparse_mla_ds_mla_sm90_gluon_ov_kernel
     FORWARD[DS_MLA_V4_GLUON_WS] = sparse_mla_ds_mla_v4_sm90_gluon_ws_kernel
     FORWARD[DS_MLA_V4_GLUON] = sparse_mla_ds_mla_v4_sm90_gluon_kernel
     from .kernels.ampere_gluon import (

@@ -34,7 +34,6 @@ FAMILY_OF = {"auto": LATENT, "fp8": LATENT, "fp8_ds_mla": DS_MLA, "fp8_ds_mla_v4
 # fp8_ds_mla's sm90 kernels in Gluon (KernelConfig.gluon): DS_MLA's arguments and constexprs
 DS_MLA_GLUON = "ds_mla_sm90_gluon"
 DS_MLA_GLUON_WS = "ds_mla_sm90_gluon_ws"
-DS_MLA_GLUON_OV = "ds_mla_sm90_gluon_ov"
 # the V4 record's sm90 kernel in Gluon: DS_MLA_V4's arguments and constexprs
 DS_MLA_V4_GLUON_WS = "ds_mla_v4_sm90_gluon_ws"
 DS_MLA_V4_GLUON = "ds_mla_v4_sm90_gluon"
@@ -53,7 +52,6 @@ GLUON_ALIGN = 16
 GLUON_FAMILY = {
     ("fp8_ds_mla", "pipelined"): DS_MLA_GLUON,
     ("fp8_ds_mla", "specialized"): DS_MLA_GLUON_WS,
-    ("fp8_ds_mla", "overlapped"): DS_MLA_GLUON_OV,
     ("fp8_ds_mla_v4", "specialized"): DS_MLA_V4_GLUON_WS,
     ("fp8_ds_mla_v4", "pipelined"): DS_MLA_V4_GLUON,
     ("fp8_ds_mla", "ampere"): DS_MLA_AMPERE_GLUON,
@@ -65,7 +63,6 @@ GLUON_ASYNC_FAMILIES = frozenset(
     {
         DS_MLA_GLUON,
         DS_MLA_GLUON_WS,
-        DS_MLA_GLUON_OV,
         DS_MLA_V4_GLUON,
         DS_MLA_AMPERE_GLUON,
         LATENT_AMPERE_GLUON,
@@ -451,7 +448,7 @@ def make_plan(
         )
     else:
         constexprs = dict(common, STAGE=cfg.stage_dequant, FOLD_FP16=cfg.fp16_fold)
-        if family in (DS_MLA, DS_MLA_GLUON, DS_MLA_GLUON_WS, DS_MLA_GLUON_OV, DS_MLA_AMPERE_GLUON):
+        if family in (DS_MLA, DS_MLA_GLUON, DS_MLA_GLUON_WS, DS_MLA_AMPERE_GLUON):
             constexprs["E4M3_DECODE"] = E4M3_DECODE_CONSTEXPR[cfg.e4m3_decode]
     merge = None
     if split:
