@@ -63,7 +63,10 @@ def arch_name(a) -> str:
 
 def chosen(arch) -> set[tuple]:
     """Every (block_h, block_n, num_warps, num_stages, dtype, format, split, stage_dequant,
-    idx_ahead, fp16_mma) that choose_config picks (fp16_mma as the interface resolves it)."""
+    idx_ahead, fp16_mma) that choose_config picks for the Triton kernel (fp16_mma as the
+    interface resolves it): where a Gluon kernel is the default, the configuration a call runs
+    when it cannot take one (the interpreter, a cache not 16-byte aligned). The Gluon kernels'
+    tiles are compiled by their own tests (tests/test_gluon_*.py)."""
     out = set()
     grid = itertools.product(
         [1, 2, 3, 4, 8, 16, 32, 64, 128, 256, 1024, 8192],
@@ -73,7 +76,7 @@ def chosen(arch) -> set[tuple]:
     )
     for t, h, w, dt in grid:
         for fmt in FORMATS_FOR[DT_NAMES[dt]]:
-            c = choose_config(t, h, w, dt, fmt, arch)
+            c = choose_config(t, h, w, dt, fmt, arch, gluon=False)
             split = split_len_for(w, c.num_splits, c.block_n)[1] > 1
             out.add(
                 (

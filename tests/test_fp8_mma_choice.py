@@ -86,9 +86,17 @@ def test_v4_record_folds_its_scales_where_timed(arch, dtype, tokens, heads):
 @pytest.mark.parametrize("heads", [8, 16, 32, 48, 64, 128])
 def test_fp8_ds_mla_folds_into_fp16_in_wide_sm90_tiles(arch, dtype, tokens, heads):
     """fp8_ds_mla's 64-head tiles on sm90 with bf16 q take fp16 MMAs with folded scales in
-    64-row staged steps (two stages, or the Gluon kernel's ring); every other call keeps exact
+    64-row staged steps (two stages, or the Gluon kernel's ring), and so does the mma.sync
+    Gluon kernel where it is chosen (sm80 / sm89, 32-row steps); every other call keeps exact
     fp16 operands."""
     cfg = choose_config(tokens, heads, 2048, dtype, "fp8_ds_mla", arch)
+    if cfg.gluon == "ampere":
+        assert dtype == torch.bfloat16 and (cfg.fp16_fold, cfg.stage_dequant, cfg.block_n) == (
+            True,
+            True,
+            32,
+        )
+        return
     folded = arch == SM90 and dtype == torch.bfloat16 and cfg.block_h == 64
     assert folds_ds_mla_fp16(dtype, "fp8_ds_mla", arch) is (
         arch == SM90 and dtype == torch.bfloat16

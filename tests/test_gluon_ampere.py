@@ -26,7 +26,13 @@ from test_gluon_ds_mla import _cache
 from test_sparse_mla import assert_matches, poison_, poison_unused_rows_
 
 from triton_mla_sparse import KernelConfig, sparse_mla
-from triton_mla_sparse.ops.sparse_mla.heuristics import Arch
+from triton_mla_sparse.ops.sparse_mla.heuristics import (
+    AMPERE_GLUON_BIG_TILE_SMEM,
+    AMPERE_GLUON_BLOCK_N,
+    TARGETS,
+    Arch,
+    num_splits_for,
+)
 from triton_mla_sparse.ops.sparse_mla.plan import (
     DS_MLA_AMPERE_GLUON,
     LATENT_AMPERE_GLUON,
@@ -88,6 +94,64 @@ def test_plan_refuses_what_it_does_not_run(why, kw, word):
     with pytest.raises(ValueError, match="gluon='ampere'") as e:
         _plan(**kw)
     assert word in str(e.value), why
+
+
+def _default_plan(tokens, heads, arch, dtype=torch.bfloat16, fmt="fp8_ds_mla", **kw):
+    return make_plan(
+        num_tokens=tokens,
+        num_heads=heads,
+        latent=512,
+        rope=64,
+        width=2048,
+        dtype=dtype,
+        kv_format=fmt,
+        arch=arch,
+        on_gpu=True,
+        **kw,
+    )
+
+
+@pytest.mark.parametrize("tokens", [64, 100, 128])
+@pytest.mark.parametrize(
+    "cc, heads, block_h",
+    [(80, 16, 16), (80, 64, 64), (80, 128, 64), (89, 16, 16), (89, 64, 16), (89, 128, 16)],
+)
+def test_default_on_the_paths_timed_faster(tokens, cc, heads, block_h):
+    """fp8_ds_mla with bf16 q on sm80 and sm89 at the token counts timed: the mma.sync
+    kernel by default, in the largest tile the target's shared memory holds, 32-row steps,
+    split as the heuristics split that tile; the plan takes it as it is."""
+    arch = next(a for a in TARGETS if a.backend == "cuda" and a.cc == cc)
+    plan = _default_plan(tokens, heads, arch)
+    cfg = plan.config
+    assert plan.family == DS_MLA_AMPERE_GLUON
+    assert (cfg.gluon, cfg.block_h, cfg.block_n, cfg.num_warps) == (
+        "ampere",
+        block_h,
+        AMPERE_GLUON_BLOCK_N,
+        8 if block_h == 64 else 4,
+    )
+    programs = tokens * -(-heads // block_h)
+    assert cfg.num_splits == num_splits_for(programs, 2048, cfg.block_n, arch.num_sms, block_h)
+    assert block_h == 16 or arch.smem_bytes >= AMPERE_GLUON_BIG_TILE_SMEM
+
+
+@pytest.mark.parametrize(
+    "why, cc, tokens, kw",
+    [
+        ("16 tokens: not timed", 80, 16, {}),
+        ("256 tokens: not timed", 89, 256, {}),
+        ("sm86: not timed", 86, 64, {}),
+        ("sm90: its own kernels", 90, 64, {}),
+        ("fp16 q", 80, 64, dict(dtype=torch.float16)),
+        ("rows in q's dtype", 80, 64, dict(fmt="auto")),
+        ("block table", 80, 64, dict(block_size=64)),
+        ("extra set", 89, 64, dict(extra_width=128)),
+        ("cache not 16-byte aligned", 80, 64, dict(cache_aligned=False)),
+    ],
+)
+def test_not_the_default_elsewhere(why, cc, tokens, kw):
+    arch = next(a for a in TARGETS if a.backend == "cuda" and a.cc == cc)
+    assert _default_plan(tokens, 64, arch, **kw).config.gluon != "ampere", why
 
 
 @pytest.mark.parametrize("fmt", ["fp8", "fp8_ds_mla_v4"])

@@ -123,12 +123,14 @@ def test_heuristics_choose_it_where_timed(monkeypatch, version, ds_mla_form):
         assert choose_config(128, 64, 2048, torch.bfloat16, "fp8_ds_mla", SM90, **kw).gluon is None
     assert choose_config(128, 64, 2048, torch.float16, "fp8_ds_mla", SM90).gluon is None
     assert choose_config(128, 16, 2048, torch.bfloat16, "fp8_ds_mla", SM90).gluon is None
-    for cc in (80, 89, 100, 120):
+    for cc in (80, 89, 100, 120):  # sm80 / sm89: the mma.sync kernel (tests/test_gluon_ampere.py)
         arch = Arch("cuda", cc, 132)
-        assert choose_config(128, 64, 2048, torch.bfloat16, "fp8_ds_mla", arch).gluon is None
+        form = choose_config(128, 64, 2048, torch.bfloat16, "fp8_ds_mla", arch).gluon
+        assert form == ("ampere" if cc in (80, 89) else None), cc
     assert choose_config(4, 64, 640, torch.bfloat16, "fp8_ds_mla_v4", SM90).gluon is None
     assert choose_config(128, 64, 640, torch.bfloat16, "fp8_ds_mla_v4", SM90).gluon == "specialized"
-    assert choose_config(128, 64, 2048, torch.bfloat16, "auto", SM90).gluon is None
+    # rows in q's dtype: their own kernel at 64-128 tokens (tests/test_gluon_latent.py)
+    assert choose_config(4096, 64, 2048, torch.bfloat16, "auto", SM90).gluon is None
 
 
 def test_plan_keeps_the_triton_kernel_where_gluon_cannot_run():

@@ -31,10 +31,18 @@ LATENT_PIPELINED = KernelConfig(64, 64, 8, 1, gluon="pipelined")
 SM90_SMEM = 232448  # bytes of shared memory a block may use on sm90
 
 
-def _plan(arch=SM90, config=LATENT_PIPELINED, dtype=torch.bfloat16, on_gpu=True, **kw):
+def _plan(
+    arch=SM90,
+    config=LATENT_PIPELINED,
+    dtype=torch.bfloat16,
+    on_gpu=True,
+    num_tokens=4,
+    num_heads=64,
+    **kw,
+):
     return make_plan(
-        num_tokens=4,
-        num_heads=64,
+        num_tokens=num_tokens,
+        num_heads=num_heads,
         latent=512,
         rope=64,
         width=2048,
@@ -49,6 +57,31 @@ def _plan(arch=SM90, config=LATENT_PIPELINED, dtype=torch.bfloat16, on_gpu=True,
 
 def test_plan_names_the_family():
     assert _plan().family == LATENT_GLUON
+
+
+@pytest.mark.parametrize("tokens", [64, 128])
+@pytest.mark.parametrize("heads", [64, 128])
+def test_default_at_the_token_counts_timed(tokens, heads):
+    """bf16 rows and q on sm90, 64-128 tokens, 64 or more heads: this kernel by default."""
+    plan = _plan(num_tokens=tokens, num_heads=heads, config=None)
+    assert plan.family == LATENT_GLUON and plan.config.gluon == "pipelined"
+
+
+@pytest.mark.parametrize(
+    "why, kw",
+    [
+        ("16 tokens: not timed", dict(num_tokens=16)),
+        ("prefill: not timed", dict(num_tokens=4096)),
+        ("16 heads: another tile", dict(num_heads=16)),
+        ("fp16 q", dict(dtype=torch.float16)),
+        ("block table", dict(block_size=64)),
+        ("extra set", dict(extra_width=128)),
+        ("interpreter", dict(on_gpu=False)),
+    ],
+)
+def test_not_the_default_elsewhere(why, kw):
+    kw = dict(dict(num_tokens=64, num_heads=64), **kw)
+    assert _plan(config=None, **kw).config.gluon is None, why
 
 
 @pytest.mark.parametrize(

@@ -179,7 +179,11 @@ def test_environment_probe_says_whether_flashmla_runs(gpu_check, tmp_path):
         "import types, torch; torch.cuda.get_device_properties = lambda i: types.SimpleNamespace("
         "name='Stand-in', major=9, minor=0, gcnArchName='')\n"
     )
-    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "src"), CUDA_VISIBLE_DEVICES="")
+    # the caller's path after the package's: FlashMLA may be importable only through it
+    path = os.pathsep.join(
+        p for p in [os.path.join(ROOT, "src"), os.environ.get("PYTHONPATH")] if p
+    )
+    env = dict(os.environ, PYTHONPATH=path, CUDA_VISIBLE_DEVICES="")
     out = subprocess.run(
         [sys.executable, "-c", fake_gpu + gpu_check.ENV_PROBE],
         env=env,

@@ -33,6 +33,7 @@ __all__ = [
     "folds_ds_mla_fp16",
     "folds_v4_scales",
     "gluon_available",
+    "ampere_gluon_config",
     "gluon_form_for",
     "max_block_h",
     "num_splits_for",
@@ -118,6 +119,17 @@ V4_FOLD_CCS = (80, 89, 90)
 # The first Triton release whose code for the single-partition ("pipelined") fp8_ds_mla Gluon
 # kernel was timed faster than its warp-specialized form (gluon_form_for).
 PIPELINED_DS_MLA_TRITON = (3, 8)
+# The token counts (inclusive) at which the sm90 Gluon kernel for rows in q's dtype and the
+# mma.sync Gluon kernels were timed against the Triton kernel; each is the default only there
+# (gluon_form_for, ampere_gluon_config).
+GLUON_TIMED_TOKENS = (64, 128)
+# The mma.sync Gluon kernels (kernels/ampere_gluon.py): the targets whose fp8_ds_mla code was
+# timed faster than the Triton kernel's (sm80's and sm89's PTX on an H200), the rows of one
+# step, and the shared memory their largest tile needs (compiled: 152576 bytes for fp8_ds_mla
+# at 64 heads x 32 rows; tests/test_gluon_ampere.py), which only sm80's 163 KB holds among them.
+AMPERE_GLUON_CCS = (80, 89)
+AMPERE_GLUON_BLOCK_N = 32
+AMPERE_GLUON_BIG_TILE_SMEM = 152576
 
 
 @functools.cache
@@ -309,6 +321,19 @@ def choose_config(
     if block_table and cfg.idx_ahead:
         # the same tiles and stages with the in-step loop (what block-table calls have run)
         cfg = dataclasses.replace(cfg, idx_ahead=False)
+    ampere = ampere_gluon_config(
+        cfg,
+        dtype,
+        kv_format,
+        arch,
+        num_tokens=num_tokens,
+        num_heads=num_heads,
+        width=width,
+        block_table=block_table,
+        extra_set=extra_set,
+    )
+    if gluon and ampere is not None and gluon_available():
+        return ampere
     form = gluon_form_for(
         cfg,
         dtype,
@@ -349,11 +374,24 @@ def gluon_form_for(
       5.76 / 7.09 / 8.95 ms; below 16 tokens the pipelined form stays (1 token: 14.5 against
       15.4 us at 64 heads, 15.8 / 16.9 at 128; docs/perf-log/29-gluon-h200-t36.txt). Triton
       releases before 3.8 take that choice; 3.7 was not timed.
+      With the gathers' rows addressed in each tile's layout and the e4m3 x ratio product in
+      fp16 (docs/perf-log/33-gluon-defaults-h200.txt) the two forms are within 2% of each
+      other under both Tritons (3.8: pipelined 156.2 against 159.0 us at 128 x 64, 304.7 /
+      300.8 at 128 x 128, 86.7 / 87.5 at 64 x 64; 3.6: 170.9 / 170.6, 330.0 / 328.6, 97.4 /
+      99.5; the Triton tile 206.7 / 285.5 at 128 x 64), so the choice above stands.
     - the V4 record (bf16 fold), both sets and block tables: "specialized", 63.1 against 82.9
       us at 128 tokens x 64 heads, 43.2 / 51.6 at 64, 18.9 / 24.2 at 16 under 3.8 (its
-      pipelined kernel: 85.7 / 51.0 / 21.5); 67.1 / 85.3 at 128 under 3.6 (entry 31's code).
+      pipelined kernel: 85.7 / 51.0 / 21.5); 67.1 / 85.3 at 128 under 3.6 (entry 31's code);
+      with one layout for the record's tiles 56.9 against 71.0 (pipelined) and 82.9 (Triton)
+      at 128 tokens under 3.8, 54.6 / 78.8 / 86.3 under 3.6.
+    - rows in q's dtype (kv_format "auto"), no block table or extra set, 64-128 tokens (the
+      counts timed, GLUON_TIMED_TOKENS): "pipelined", under 3.8 127.2 against 167.2 us at 128
+      tokens x 64 heads, 245.6 / 324.1 at 128 x 128, 74.5 / 99.5 at 64 x 64, 125.4 / 165.0 at
+      64 x 128; under 3.6 132.1 / 176.1, 260.2 / 332.7, 74.9 / 105.5, 133.4 / 170.4.
 
-    compute-sanitizer memcheck, racecheck and synccheck report nothing on either under 3.8.
+    compute-sanitizer memcheck, racecheck and synccheck reported nothing on the fp8_ds_mla and
+    V4 kernels under 3.8 (docs/perf-log/28-sanitize-h200.txt, the code before the per-tile
+    row layouts).
     racecheck's reports on Triton's warp-specialize hand-off (entry 31, under 3.6) are the
     tool's: benchmarks/reliability/ws_racecheck_probe.py draws them from a minimal kernel
     whose flagged accesses sit on either side of a matched whole-block barrier
@@ -371,7 +409,69 @@ def gluon_form_for(
         return "specialized"
     if kv_format == "fp8_ds_mla_v4" and folds_v4_scales(dtype, kv_format, arch):
         return "specialized"
+    timed = GLUON_TIMED_TOKENS[0] <= num_tokens <= GLUON_TIMED_TOKENS[1]
+    if kv_format == "auto" and timed and not (block_table or extra_set):
+        return "pipelined"
     return None
+
+
+def ampere_gluon_config(
+    cfg: KernelConfig,
+    dtype: torch.dtype,
+    kv_format: str,
+    arch: Arch,
+    *,
+    num_tokens: int,
+    num_heads: int,
+    width: int,
+    block_table: bool,
+    extra_set: bool,
+) -> KernelConfig | None:
+    """The mma.sync Gluon kernel's configuration (KernelConfig.gluon="ampere") for a call the
+    Triton kernel would run in ``cfg``, or None: fp8_ds_mla with bf16 q, no block table or
+    extra set, on the paths and token counts where it was timed faster than the Triton kernel.
+
+    Timed on an H200 as sm80's and sm89's code by PTX JIT (`tune.py --only ampere --arch
+    sm80|sm89`, docs/perf-log/33-gluon-defaults-h200.txt; every row checked against float64
+    first), Triton 3.8 / 3.6, Gluon against the Triton tile, 128 and 64 tokens:
+
+    - sm80 (integer e4m3 decode): 16 heads in the 16-head tile 139.8 / 134.8 against 162.2 /
+      166.4 us at 128 tokens, 97.4 / 94.3 against 114.0 / 116.3 at 64; 64 heads in the 64-head
+      tile 265.3 / 341.1 against 579.9 / 592.1 at 128, 148.5 / 198.5 against 295.4 / 305.9 at
+      64; 128 heads 519.1 / 685.1 against 1124.8 / 1156.7 at 128, 262.7 / 345.3 against 568.5 /
+      585.7 at 64.
+    - sm89 (hardware e4m3 conversion), the 16-head tile at every head count (the 64-head one
+      does not fit 99 KB): 139.7 / 131.7 against 175.5 / 181.6 us at 128 x 16, 452.8 / 475.4
+      against 641.0 / 622.3 at 128 x 64, 874.7 / 911.3 against 1239.5 / 1231.0 at 128 x 128,
+      73.7 / 70.5 against 94.1 / 97.6 at 64 x 16, 232.7 / 244.7 against 343.3 / 337.8 at
+      64 x 64, 443.1 / 463.0 against 625.0 / 623.4 at 64 x 128.
+
+    Rows in q's dtype gained 2-4% at most on these paths and lost elsewhere, so they keep the
+    Triton kernel; sm86 and sm120 (the sm80 and sm89 instruction sets with 99 KB) and other
+    token counts were not timed and keep it too.
+    """
+    if not (
+        arch.backend == "cuda"
+        and int(arch.cc) in AMPERE_GLUON_CCS
+        and kv_format == "fp8_ds_mla"
+        and dtype == torch.bfloat16
+        and GLUON_TIMED_TOKENS[0] <= num_tokens <= GLUON_TIMED_TOKENS[1]
+        and not (block_table or extra_set)
+    ):
+        return None
+    block_h = cfg.block_h if arch.smem_bytes >= AMPERE_GLUON_BIG_TILE_SMEM else 16
+    programs = num_tokens * -(-num_heads // block_h)
+    splits = num_splits_for(programs, width, AMPERE_GLUON_BLOCK_N, arch.num_sms, block_h)
+    return KernelConfig(
+        block_h,
+        AMPERE_GLUON_BLOCK_N,
+        8 if block_h >= 64 else 4,
+        1,
+        num_splits=splits,
+        stage_dequant=True,
+        fp16_fold=True,
+        gluon="ampere",
+    )
 
 
 def _wgmma(arch: Arch) -> bool:
