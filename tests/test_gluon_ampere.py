@@ -27,10 +27,10 @@ from test_sparse_mla import assert_matches, poison_, poison_unused_rows_
 
 from triton_mla_sparse import KernelConfig, sparse_mla
 from triton_mla_sparse.ops.sparse_mla.heuristics import (
-    AMPERE_GLUON_BIG_TILE_SMEM,
     AMPERE_GLUON_BLOCK_N,
     TARGETS,
     Arch,
+    ampere_gluon_smem,
     num_splits_for,
 )
 from triton_mla_sparse.ops.sparse_mla.plan import (
@@ -40,11 +40,15 @@ from triton_mla_sparse.ops.sparse_mla.plan import (
 )
 from triton_mla_sparse.reference import sparse_mla_reference
 
-AMPERE = KernelConfig(16, 32, 4, 1, stage_dequant=True, fp16_fold=True, gluon="ampere")
-AMPERE_LATENT = KernelConfig(16, 32, 4, 1, gluon="ampere")  # kv_format "auto"
+# num_stages: the ring's slots (two: the next step's gather in flight during the whole step)
+AMPERE = KernelConfig(16, 32, 4, 2, stage_dequant=True, fp16_fold=True, gluon="ampere")
+AMPERE_LATENT = KernelConfig(16, 32, 4, 2, gluon="ampere")  # kv_format "auto"
 # the tiles the Triton kernel runs fp8_ds_mla in on sm80 / sm89 (heuristics.choose_config),
 # and one between
 TILES = [(16, 32, 4), (32, 32, 4), (64, 32, 8)]
+# fp8_ds_mla with one raw-row slot: the tiles it lets the 99 KB parts hold (32 heads) or lets
+# two programs share an sm80 multiprocessor (16 heads), and the 64-head one
+RING1_TILES = [(16, 32, 4), (16, 16, 4), (32, 32, 4), (64, 32, 8)]
 
 
 SM80 = Arch("cuda", 80, 108)
@@ -86,6 +90,12 @@ def test_plan_names_the_family_on_every_nvidia_target_from_sm80():
         ("block table", dict(block_size=64), "block table"),
         ("extra set", dict(extra_width=128), "extra set"),
         ("interpreter", dict(on_gpu=False), "interpreter"),
+        ("three slots", dict(config=dataclasses.replace(AMPERE, num_stages=3)), "num_stages=3"),
+        (
+            "rows in q's dtype, one slot",
+            dict(fmt="auto", config=dataclasses.replace(AMPERE_LATENT, num_stages=1)),
+            "num_stages=1",
+        ),
         ("fp32 q", dict(fmt="auto", config=AMPERE_LATENT, dtype=torch.float32), "torch.float32"),
         ("block table", dict(fmt="auto", config=AMPERE_LATENT, block_size=64), "block table"),
     ],
@@ -124,15 +134,17 @@ def test_default_on_the_paths_timed_faster(tokens, cc, heads, block_h):
     plan = _default_plan(tokens, heads, arch)
     cfg = plan.config
     assert plan.family == DS_MLA_AMPERE_GLUON
-    assert (cfg.gluon, cfg.block_h, cfg.block_n, cfg.num_warps) == (
+    assert (cfg.gluon, cfg.block_h, cfg.block_n, cfg.num_warps, cfg.num_stages) == (
         "ampere",
         block_h,
         AMPERE_GLUON_BLOCK_N,
         8 if block_h == 64 else 4,
+        2,
     )
+    assert plan.constexprs["RING"] == 2
     programs = tokens * -(-heads // block_h)
     assert cfg.num_splits == num_splits_for(programs, 2048, cfg.block_n, arch.num_sms, block_h)
-    assert block_h == 16 or arch.smem_bytes >= AMPERE_GLUON_BIG_TILE_SMEM
+    assert ampere_gluon_smem(block_h, cfg.block_n, 2) <= arch.smem_bytes
 
 
 @pytest.mark.parametrize(
@@ -154,6 +166,26 @@ def test_not_the_default_elsewhere(why, cc, tokens, kw):
     assert _default_plan(tokens, 64, arch, **kw).config.gluon != "ampere", why
 
 
+@pytest.mark.parametrize("ring", [1, 2])
+def test_kernels_take_the_launchers_arguments(ring):
+    """launch.py passes the Triton kernel's argument list and the plan's constexprs: each
+    mma.sync kernel declares the same runtime parameters in the same order, and every constexpr
+    (fp8_ds_mla's RING among them)."""
+    from test_plan import kernel_params
+
+    from triton_mla_sparse.ops.sparse_mla import launch
+
+    ds = _plan(config=dataclasses.replace(AMPERE, num_stages=ring))
+    assert ds.constexprs["RING"] == ring
+    for plan, triton_family in (
+        (ds, "ds_mla"),
+        (_plan(config=AMPERE_LATENT, fmt="auto"), "latent"),
+    ):
+        runtime, const = kernel_params(launch.FORWARD[plan.family])
+        assert runtime == kernel_params(launch.FORWARD[triton_family])[0]
+        assert set(plan.constexprs) == const
+
+
 @pytest.mark.parametrize("fmt", ["fp8", "fp8_ds_mla_v4"])
 def test_no_ampere_kernel_for_the_other_formats(fmt):
     with pytest.raises(ValueError, match="gluon='ampere'"):
@@ -162,12 +194,15 @@ def test_no_ampere_kernel_for_the_other_formats(fmt):
 
 def test_compiles_for_sm80_to_sm90(tmp_path):
     """Ahead of time, under the installed Triton: every tile inside its target's shared memory
-    where that target can hold it, and the Triton kernel's own tiles there without spills."""
+    where that target can hold it, and the Triton kernel's own tiles there without spills.
+    fp8_ds_mla's tiles take the shared memory heuristics.ampere_gluon_smem says; with one
+    raw-row slot a 32-head tile fits the 99 KB parts and two 16-head programs an sm80
+    multiprocessor (164 KB, 1 KB reserved per program)."""
     targets = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}
     base = dict(
         dtype="bf16",
         fmt="fp8_ds_mla",
-        num_stages=1,
+        num_stages=2,
         stage_dequant=True,
         fp16_mma=True,
         fp16_fold=True,
@@ -196,6 +231,11 @@ def test_compiles_for_sm80_to_sm90(tmp_path):
                 store_lse=True,
                 sink=True,
             )
+        for bh, bn, w in RING1_TILES:
+            tile = dict(base, arch=f"cuda:{cc}", block_h=bh, block_n=bn, num_warps=w)
+            jobs[f"{cc}-{bh}-{bn}-ring1"] = dict(
+                tile, num_stages=1, split=True, rope=64, has_counts=True, store_lse=True, sink=True
+            )
     here = Path(__file__).resolve().parent
     (tmp_path / "jobs.json").write_text(json.dumps(jobs))
     (tmp_path / "asm").mkdir()
@@ -215,12 +255,22 @@ def test_compiles_for_sm80_to_sm90(tmp_path):
         family = "latent" if key.endswith("auto") else "ds_mla"
         kernel = res[f"sparse_mla_{family}_ampere_gluon_kernel"]
         assert "error" not in kernel, (key, kernel)
-        cc, bh = (int(x) for x in key.split("-")[:2])
+        cc, bh, bn = (int(x) for x in key.split("-")[:3])
+        ring = 1 if key.endswith("ring1") else 2
+        if family == "ds_mla" and key.endswith(("serving", "ring1")):
+            assert kernel["shared"] == ampere_gluon_smem(bh, bn, ring), (key, kernel)
         if kernel["shared"] <= targets[cc]:
-            fits.add((cc, bh))
-    # the 16-head tile fits every target (the 99 KB parts' only tile), the 64-head one sm80
-    assert {(cc, 16) for cc in targets} <= fits
-    assert {(80, 64), (90, 64)} <= fits
+            fits.add((cc, bh, ring))
+    # two slots: the 16-head tile fits every target (the 99 KB parts' only tile), the 64-head
+    # one sm80; one slot: the 32-head tile fits the 99 KB parts too
+    assert {(cc, 16, 2) for cc in targets} <= fits
+    assert {(80, 64, 2), (90, 64, 2)} <= fits
+    assert {(86, 32, 1), (89, 32, 1)} <= fits
+    assert (
+        2 * (ampere_gluon_smem(16, 32, 1) + 1024)
+        <= 164 * 1024
+        < 2 * (ampere_gluon_smem(16, 32, 2) + 1024)
+    )
 
 
 def _problem(tokens, heads, width, page, rope, sink, g):
@@ -286,17 +336,55 @@ def test_matches_the_reference(tile, tokens, heads, width, splits, page, rope, s
         AMPERE, block_h=bh, block_n=bn, num_warps=w, num_splits=splits, fp8_native=native
     )
     cache, idx, q, kw = _problem(tokens, heads, width, page, rope, sink, g)
-    if torch.cuda.get_device_properties(0).shared_memory_per_block_optin < 152 * 1024 and bh > 16:
-        pytest.skip("the 32- and 64-head tiles need more than this GPU's shared memory")
+    if not _fits_this_gpu(bh, bn, 2):
+        pytest.skip("this tile needs more than this GPU's shared memory")
+    _run_and_check(cache, idx, q, kw, cfg)
+
+
+def _fits_this_gpu(bh, bn, ring):
+    return ampere_gluon_smem(bh, bn, ring) <= (
+        torch.cuda.get_device_properties(0).shared_memory_per_block_optin
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_GPU, reason="Gluon kernels run on a GPU only")
+@pytest.mark.parametrize("tile", RING1_TILES, ids=lambda t: "x".join(map(str, t)))
+@pytest.mark.parametrize(SCENARIO_ARGS, SCENARIOS)
+def test_one_slot_ring_matches_the_reference(tile, tokens, heads, width, splits, page, rope, sink):
+    """fp8_ds_mla with one raw-row slot (the next gather issued after each step's
+    dequantization), in this GPU's e4m3 decode."""
+    _needs_sm80()
+    native = torch.cuda.get_device_capability() >= (8, 9)
+    g = torch.Generator().manual_seed(tokens * 5 + page + rope + sink)
+    bh, bn, w = tile
+    if not _fits_this_gpu(bh, bn, 1):
+        pytest.skip("this tile needs more than this GPU's shared memory")
+    cfg = dataclasses.replace(
+        AMPERE,
+        block_h=bh,
+        block_n=bn,
+        num_warps=w,
+        num_stages=1,
+        num_splits=splits,
+        fp8_native=native,
+    )
+    cache, idx, q, kw = _problem(tokens, heads, width, page, rope, sink, g)
     _run_and_check(cache, idx, q, kw, cfg)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_GPU, reason="Gluon kernels run on a GPU only")
-@pytest.mark.parametrize("cc", [80, 89])
-def test_the_sm80_and_sm89_code_by_ptx_jit(cc, tmp_path):
+@pytest.mark.parametrize(
+    "cc, tile",
+    [(80, (16, 32, 4, 2)), (89, (16, 32, 4, 2)), (80, (16, 32, 4, 1)), (89, (32, 32, 4, 1))],
+    ids=lambda x: "x".join(map(str, x)) if isinstance(x, tuple) else str(x),
+)
+def test_the_sm80_and_sm89_code_by_ptx_jit(cc, tile, tmp_path):
     """The code Triton builds for an A100 (the bit decode) and an L40S (the conversion
-    instruction), loaded through the driver's JIT on this newer GPU, against the reference."""
+    instruction), loaded through the driver's JIT on this newer GPU, against the reference:
+    the two-slot ring, and the one-slot ring in the tile it serves each (two 16-head programs
+    per sm80 multiprocessor, 32 heads in an L40S's 99 KB)."""
     _needs_sm80()
     from triton_mla_sparse.ops.sparse_mla import kernels, launch
     from triton_mla_sparse.testing import ptx_jit
@@ -307,7 +395,12 @@ def test_the_sm80_and_sm89_code_by_ptx_jit(cc, tmp_path):
         pytest.skip(why)
     g = torch.Generator().manual_seed(cc)
     cache, idx, q, kw = _problem(5, 40, 1000, 64, 64, True, g)
-    cfg = dataclasses.replace(AMPERE, num_splits=3)
+    bh, bn, w, ring = tile
+    if not _fits_this_gpu(bh, bn, ring):
+        pytest.skip("this tile needs more than this GPU's shared memory")
+    cfg = dataclasses.replace(
+        AMPERE, block_h=bh, block_n=bn, num_warps=w, num_stages=ring, num_splits=3
+    )
     kernel = launch.FORWARD[DS_MLA_AMPERE_GLUON]
     emu = ptx_jit.enable(cc, str(tmp_path), reset=[kernel, *kernels.JIT_KERNELS])
     try:

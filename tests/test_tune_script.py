@@ -8,6 +8,7 @@ import json
 import pytest
 from conftest import load_script
 
+from triton_mla_sparse.ops.sparse_mla.heuristics import ampere_gluon_smem
 from triton_mla_sparse.ops.sparse_mla.plan import make_plan
 from triton_mla_sparse.ops.target import TARGETS
 
@@ -207,7 +208,8 @@ def test_gluon_sweep_plans_on_sm90(tune, monkeypatch):
 @pytest.mark.parametrize("cc", [80, 89, 90])
 def test_ampere_sweep_plans_on_the_path(tune, monkeypatch, cc):
     """Each case times the path's Triton tile, then the mma.sync Gluon kernel in the tiles that
-    path's shared memory holds (16 heads on the 99 KB parts), all plans the kernels run."""
+    path's shared memory holds (on the 99 KB parts 16 heads, and 32 with fp8_ds_mla's one-slot
+    ring), all plans the kernels run."""
     from triton_mla_sparse.ops.sparse_mla.plan import AMPERE_FAMILIES
 
     arch = next(a for a in TARGETS if a.backend == "cuda" and a.cc == cc)
@@ -217,7 +219,15 @@ def test_ampere_sweep_plans_on_the_path(tune, monkeypatch, cc):
         cfgs = configs(case)
         assert cfgs[0].gluon is None and all(c.gluon == "ampere" for c in cfgs[1:])
         heads = {c.block_h for c in cfgs[1:]}
-        assert 16 in heads and (heads == {16}) == (cc == 89 or case.heads <= 16), (cc, case)
+        if case.heads <= 16:
+            assert heads == {16}, (cc, case)
+        elif cc == 89:  # 99 KB: 32 heads only in one slot, 64 not at all
+            assert heads == ({16, 32} if case.kv_format == "fp8_ds_mla" else {16}), (cc, case)
+            assert all(c.num_stages == 1 for c in cfgs[1:] if c.block_h == 32)
+        else:
+            assert heads == {16, 32, 64}, (cc, case)
+        for cfg in cfgs[1:]:
+            assert ampere_gluon_smem(cfg.block_h, cfg.block_n, cfg.num_stages) <= arch.smem_bytes
         for cfg in cfgs:
             plan = plan_of(case, cfg, arch)
             assert (plan.family in AMPERE_FAMILIES) == (cfg.gluon == "ampere")

@@ -27,6 +27,7 @@ from triton_mla_sparse.cli.bench import ARCH_CHOICES
 from triton_mla_sparse.ops.sparse_mla.heuristics import (
     E4M3_DECODES,
     KernelConfig,
+    ampere_gluon_smem,
     arch_of,
     choose_config,
     max_block_h,
@@ -210,34 +211,38 @@ def gluon_tiles(c: Case) -> list[KernelConfig]:
     ]
 
 
-# the mma.sync Gluon kernels (KernelConfig.gluon="ampere"): their tiles, and the shared memory
-# the largest needs (kernels/ampere_gluon.py compiled: fp8_ds_mla 152576 bytes at 64 x 32, bf16
-# rows 151552)
+# the mma.sync Gluon kernels (KernelConfig.gluon="ampere"): their tiles (heads, rows, warps)
+# and the slots of fp8_ds_mla's ring of raw rows (KernelConfig.num_stages; rows in q's dtype
+# always two): one slot fits a 32-head tile into 99 KB and two 16-head programs into an sm80
+# multiprocessor, and 16-row steps two programs into 99 KB
 AMPERE_TILES = ((16, 32, 4), (32, 32, 4), (64, 32, 8))
-AMPERE_BIG_TILE_SMEM = 152576
+AMPERE_RING1_TILES = ((16, 32, 4), (16, 16, 4), (32, 32, 4), (64, 32, 8))
 
 
 def ampere_tiles(c: Case) -> list[KernelConfig]:
-    """The path's Triton tile beside the mma.sync Gluon kernel in each tile that fits this
-    path's shared memory (16 heads everywhere; 32 and 64 where 152 KB fit: sm80, sm90), each at
-    the split count the heuristics give that tile."""
+    """The path's Triton tile beside the mma.sync Gluon kernel in each tile and ring that fits
+    this path's shared memory (heuristics.ampere_gluon_smem; more than 16 heads only where the
+    call has more), each at the split count the heuristics give that tile."""
     arch = arch_of(torch.device("cuda"))
     base = triton_config(c, c.topk, arch)
+    ds_mla = c.kv_format == "fp8_ds_mla"  # its tile dequantized with the fp16 fold
+    tiles = [(*t, 2) for t in AMPERE_TILES]
+    if ds_mla:
+        tiles += [(*t, 1) for t in AMPERE_RING1_TILES]
     out = [base]
-    for block_h, block_n, warps in AMPERE_TILES:
-        if block_h > 16 and arch.smem_bytes < AMPERE_BIG_TILE_SMEM:
-            continue
+    for block_h, block_n, warps, ring in tiles:
         if block_h > 16 and c.heads <= 16:
+            continue
+        if ampere_gluon_smem(block_h, block_n, ring) > arch.smem_bytes:
             continue
         programs = c.tokens * -(-c.heads // block_h)
         splits = num_splits_for(programs, c.topk, block_n, arch.num_sms, block_h)
-        ds_mla = c.kv_format == "fp8_ds_mla"  # its tile dequantized with the fp16 fold
         out.append(
             KernelConfig(
                 block_h,
                 block_n,
                 warps,
-                1,
+                ring,
                 num_splits=splits,
                 stage_dequant=ds_mla,
                 fp16_fold=ds_mla,

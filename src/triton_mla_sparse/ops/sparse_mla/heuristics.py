@@ -34,6 +34,7 @@ __all__ = [
     "folds_v4_scales",
     "gluon_available",
     "ampere_gluon_config",
+    "ampere_gluon_smem",
     "gluon_form_for",
     "max_block_h",
     "num_splits_for",
@@ -49,6 +50,10 @@ class KernelConfig:
     block_h: int
     block_n: int
     num_warps: int
+    # Triton's software-pipelining depth; the sm90 Gluon kernels, whose rings are their own
+    # pipeline, take 1; the mma.sync Gluon kernels (gluon="ampere") the slots of their ring of
+    # gathered rows: two, or for fp8_ds_mla one (its next gather issued after the step's
+    # dequantization, a slot's shared memory less)
     num_stages: int
     num_splits: int = 1
     # None: the architecture's choice; False forces the integer e4m3 decode (sm80's path).
@@ -125,11 +130,10 @@ PIPELINED_DS_MLA_TRITON = (3, 8)
 GLUON_TIMED_TOKENS = (64, 128)
 # The mma.sync Gluon kernels (kernels/ampere_gluon.py): the targets whose fp8_ds_mla code was
 # timed faster than the Triton kernel's (sm80's and sm89's PTX on an H200), the rows of one
-# step, and the shared memory their largest tile needs (compiled: 152576 bytes for fp8_ds_mla
-# at 64 heads x 32 rows; tests/test_gluon_ampere.py), which only sm80's 163 KB holds among them.
+# step and the slots of the ring of raw rows they were timed with.
 AMPERE_GLUON_CCS = (80, 89)
 AMPERE_GLUON_BLOCK_N = 32
-AMPERE_GLUON_BIG_TILE_SMEM = 152576
+AMPERE_GLUON_RING = 2
 
 
 @functools.cache
@@ -459,19 +463,32 @@ def ampere_gluon_config(
         and not (block_table or extra_set)
     ):
         return None
-    block_h = cfg.block_h if arch.smem_bytes >= AMPERE_GLUON_BIG_TILE_SMEM else 16
+    fits = ampere_gluon_smem(cfg.block_h, AMPERE_GLUON_BLOCK_N, AMPERE_GLUON_RING)
+    block_h = cfg.block_h if fits <= arch.smem_bytes else 16
     programs = num_tokens * -(-num_heads // block_h)
     splits = num_splits_for(programs, width, AMPERE_GLUON_BLOCK_N, arch.num_sms, block_h)
     return KernelConfig(
         block_h,
         AMPERE_GLUON_BLOCK_N,
         8 if block_h >= 64 else 4,
-        1,
+        AMPERE_GLUON_RING,
         num_splits=splits,
         stage_dequant=True,
         fp16_fold=True,
         gluon="ampere",
     )
+
+
+def ampere_gluon_smem(block_h: int, block_n: int, ring: int) -> int:
+    """Bytes of shared memory the mma.sync Gluon kernel for fp8_ds_mla takes in a tile of
+    ``block_h`` heads and ``block_n`` rows with ``ring`` slots of raw rows (KernelConfig.num_stages;
+    kernels/ampere_gluon.py): q in fp16 and its RoPE part, the raw rows with their four fp32
+    scales per slot, two slots of RoPE values, the fp16 K tile, and the scratch of P's layout
+    conversion. tests/test_gluon_ampere.py checks it against the compiler's figure."""
+    latent, rope, scale_bytes = 512, 64, 4 * 4
+    q = block_h * (latent + rope) * 2
+    raw = ring * block_n * (latent + scale_bytes) + 2 * block_n * rope * 2
+    return q + raw + block_n * latent * 2 + block_h * block_n * 2
 
 
 def _wgmma(arch: Arch) -> bool:

@@ -73,6 +73,9 @@ GLUON_ASYNC_FAMILIES = frozenset(
 AMPERE_GLUON_MIN_CC = 80
 # its tiles: head rows and key rows in multiples of the mma.sync tile's 16
 AMPERE_GLUON_TILE = 16
+# the mma.sync Gluon kernels' ring of gathered rows: KernelConfig.num_stages slots, one or two
+# for fp8_ds_mla (its raw rows; kernels/ampere_gluon.py), two for rows in q's dtype
+AMPERE_GLUON_RINGS = (1, 2)
 # the families whose rows carry per-group scales (fp8_ds_mla, the V4 record), in either language
 SCALED_FAMILIES = frozenset(
     {DS_MLA, DS_MLA_V4, *(f for (fmt, _), f in GLUON_FAMILY.items() if FAMILY_OF[fmt] != LATENT)}
@@ -237,6 +240,11 @@ def _check_ampere_gluon(
             bad.append(f"{name}={rows} (multiples of {AMPERE_GLUON_TILE})")
     if ds_mla and not cfg.fp16_fold:
         bad.append("fp16_fold=False (it runs the fp16 fold)")
+    rings = AMPERE_GLUON_RINGS if ds_mla else AMPERE_GLUON_RINGS[-1:]
+    if cfg.num_stages not in rings:
+        bad.append(
+            f"num_stages={cfg.num_stages} (the ring's slots: {' or '.join(map(str, rings))})"
+        )
     if has_bt or has_extra:
         bad.append("a block table or an extra set")
     if latent != GLUON_LATENT:
@@ -450,6 +458,8 @@ def make_plan(
         constexprs = dict(common, STAGE=cfg.stage_dequant, FOLD_FP16=cfg.fp16_fold)
         if family in (DS_MLA, DS_MLA_GLUON, DS_MLA_GLUON_WS, DS_MLA_AMPERE_GLUON):
             constexprs["E4M3_DECODE"] = E4M3_DECODE_CONSTEXPR[cfg.e4m3_decode]
+        if family == DS_MLA_AMPERE_GLUON:
+            constexprs["RING"] = cfg.num_stages
     merge = None
     if split:
         s_pad = 1 << (num_splits - 1).bit_length()

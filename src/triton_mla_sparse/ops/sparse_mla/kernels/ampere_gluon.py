@@ -11,7 +11,12 @@ rest split the columns.
 - fp8_ds_mla (sparse_mla_ds_mla_ampere_gluon_kernel): step i's bytes are dequantized once into
   an fp16 K tile in shared memory, relative to the step's largest scale (KernelConfig.fp16_fold's
   numerics), with the e4m3 conversion instruction on sm89 and later and ops/e4m3.py's packed
-  decode on sm80 / sm86.
+  decode on sm80 / sm86. RING (KernelConfig.num_stages) raw-row slots: two, the gather of step
+  i + 1 in flight while step i is dequantized and multiplied; or one, the gather issued as soon
+  as step i's bytes are dequantized (in flight while step i is multiplied), which saves a slot's
+  shared memory (16.5 KB at 32 rows): a 32-head tile then fits the 99 KB parts, and two 16-head
+  programs fit an sm80 multiprocessor. The RoPE values, which the MMAs read from the ring, keep
+  two slots either way.
 - rows in q's dtype, kv_format "auto" (sparse_mla_latent_ampere_gluon_kernel): the MMAs read
   the ring's slot where the rows landed.
 
@@ -150,9 +155,11 @@ def sparse_mla_ds_mla_ampere_gluon_kernel(
     EXTRA_HAS_BT: gl.constexpr,
     EXTRA_BT_SHIFT: gl.constexpr,
     EXTRA_PAGE_SHIFT: gl.constexpr,
+    RING: gl.constexpr,
 ):
 
     gl.static_assert(L == 512, "fp8_ds_mla's 512 NoPE values")
+    gl.static_assert(RING == 1 or RING == 2, "one or two raw-row slots")
     gl.static_assert(BLOCK_H % 16 == 0 and BLOCK_N % 16 == 0, "16-row MMA tiles")
     gl.static_assert(FOLD_FP16 and not E4M3_DECODE, "fp16 MMAs with folded scales")
     gl.static_assert(not HAS_BT and not HAS_EXTRA, "no block table, no extra set")
@@ -194,9 +201,10 @@ def sparse_mla_ds_mla_ampere_gluon_kernel(
         b_qr = gl.load(p_qr + o_rq[None, :] * stride_qrd, mask=m_hq[:, None], other=0.0)
         qr_s = gl.allocate_shared_memory(Q_rope.dtype.element_ty, [BLOCK_H, R], OP_SMEM, b_qr)
 
-    # the ring (two slots of raw rows) and the dequantized K tile
-    nope_ring = gl.allocate_shared_memory(gl.uint8, [2, BLOCK_N, L], RAW_SMEM)
-    scale_ring = gl.allocate_shared_memory(gl.float32, [2, BLOCK_N, NUM_CHUNKS], SCALE_SMEM)
+    # the ring (RING slots of raw rows and scales, two of RoPE values: QK^T reads those from
+    # the ring after the next step's gather is issued) and the dequantized K tile
+    nope_ring = gl.allocate_shared_memory(gl.uint8, [RING, BLOCK_N, L], RAW_SMEM)
+    scale_ring = gl.allocate_shared_memory(gl.float32, [RING, BLOCK_N, NUM_CHUNKS], SCALE_SMEM)
     rope_ring = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, 64], OP_SMEM)
     k_s = gl.allocate_shared_memory(gl.float16, [BLOCK_N, L], OP_SMEM)
 
@@ -234,35 +242,42 @@ def sparse_mla_ds_mla_ampere_gluon_kernel(
     )
     async_copy.commit_group()
     for i_step in range(n_steps):
-        slot = i_step % 2
+        slot = i_step % RING  # the raw rows' and scales' slot
+        r_slot = i_step % 2  # the RoPE values'
         w0 = w_lo + i_step * BLOCK_N
         m_n = m_next
-        # every thread is past its reads of the other slot (the previous step) before it refills
-        _BARRIER()
-        m_next = _gather(
-            KV,
-            Idx,
-            i_t,
-            w0 + BLOCK_N,
-            w_hi,
-            stride_it,
-            stride_iw,
-            num_rows,
-            page_size,
-            stride_kb,
-            nope_ring.index(1 - slot),
-            scale_ring.index(1 - slot),
-            rope_ring.index(1 - slot),
-            BLOCK_N,
-            L,
-            R,
-            PAGE_SHIFT,
-            NOPE_LAYOUT,
-            SCALE_LAYOUT,
-            ROPE_LAYOUT,
-        )
-        async_copy.commit_group()
-        async_copy.wait_group(1)  # this step's rows are in
+        if RING == 2:
+            # every thread is past its reads of the other slot (the previous step) before it
+            # refills
+            _BARRIER()
+            m_next = _gather(
+                KV,
+                Idx,
+                i_t,
+                w0 + BLOCK_N,
+                w_hi,
+                stride_it,
+                stride_iw,
+                num_rows,
+                page_size,
+                stride_kb,
+                nope_ring.index(1 - slot),
+                scale_ring.index(1 - slot),
+                rope_ring.index(1 - r_slot),
+                BLOCK_N,
+                L,
+                R,
+                PAGE_SHIFT,
+                NOPE_LAYOUT,
+                SCALE_LAYOUT,
+                ROPE_LAYOUT,
+            )
+            async_copy.commit_group()
+            async_copy.wait_group(1)  # this step's rows are in
+        else:
+            async_copy.wait_group(0)  # this step's rows are in (the only gather in flight)
+        # every thread's rows are in, and every thread is past the previous step's reads of the
+        # K tile and of the RoPE slot the next gather refills
         _BARRIER()
 
         # the step's scales: its largest is the reference the tile is dequantized against
@@ -283,6 +298,31 @@ def sparse_mla_ds_mla_ampere_gluon_kernel(
             b_h = _e4m3_to_f16(b_k8, FP8_NATIVE)
             k_s.slice(c * 128, 128, dim=1).store(b_h * b_rel_c.to(gl.float16)[:, None])
         _BARRIER()
+        if RING == 1:
+            # the raw slot is read: the next step's rows stream in while this one is multiplied
+            m_next = _gather(
+                KV,
+                Idx,
+                i_t,
+                w0 + BLOCK_N,
+                w_hi,
+                stride_it,
+                stride_iw,
+                num_rows,
+                page_size,
+                stride_kb,
+                nope_ring.index(0),
+                scale_ring.index(0),
+                rope_ring.index(1 - r_slot),
+                BLOCK_N,
+                L,
+                R,
+                PAGE_SHIFT,
+                NOPE_LAYOUT,
+                SCALE_LAYOUT,
+                ROPE_LAYOUT,
+            )
+            async_copy.commit_group()
 
         # QK^T: the NoPE product in fp16 (units of the reference) over 64-wide slices of the
         # latent, the rope product in its own accumulator
@@ -295,7 +335,7 @@ def sparse_mla_ds_mla_ampere_gluon_kernel(
         if R > 0:
             b_sr = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=MMA)
             b_qra = qr_s.load(A_OP)
-            b_krb = rope_ring.index(slot).permute((1, 0)).load(B_OP)
+            b_krb = rope_ring.index(r_slot).permute((1, 0)).load(B_OP)
             b_sr = mma_v2(b_qra, b_krb.to(b_qra.dtype), b_sr)
             b_s = b_s + b_sr
 
