@@ -212,10 +212,10 @@ def gluon_tiles(c: Case) -> list[KernelConfig]:
 
 
 # the mma.sync Gluon kernels (KernelConfig.gluon="ampere"): their tiles (heads, rows, warps)
-# and the slots of fp8_ds_mla's ring of raw rows (KernelConfig.num_stages; rows in q's dtype
-# always two): one slot fits a 32-head tile into 99 KB and two 16-head programs into an sm80
-# multiprocessor, and 16-row steps two programs into 99 KB
-AMPERE_TILES = ((16, 32, 4), (32, 32, 4), (64, 32, 8))
+# with two ring slots (KernelConfig.num_stages), the 16-row step bringing 32 heads into the 99
+# KB parts; and fp8_ds_mla's with one slot of raw rows, which fits a 32-head tile into 99 KB
+# and two 16-head programs into an sm80 multiprocessor (two 16-row ones into 99 KB)
+AMPERE_TILES = ((16, 32, 4), (32, 32, 4), (64, 32, 8), (32, 16, 4))
 AMPERE_RING1_TILES = ((16, 32, 4), (16, 16, 4), (32, 32, 4), (64, 32, 8))
 
 
@@ -233,7 +233,7 @@ def ampere_tiles(c: Case) -> list[KernelConfig]:
     for block_h, block_n, warps, ring in tiles:
         if block_h > 16 and c.heads <= 16:
             continue
-        if ampere_gluon_smem(block_h, block_n, ring) > arch.smem_bytes:
+        if ampere_gluon_smem(block_h, block_n, ring, c.kv_format) > arch.smem_bytes:
             continue
         programs = c.tokens * -(-c.heads // block_h)
         splits = num_splits_for(programs, c.topk, block_n, arch.num_sms, block_h)

@@ -479,16 +479,21 @@ def ampere_gluon_config(
     )
 
 
-def ampere_gluon_smem(block_h: int, block_n: int, ring: int) -> int:
-    """Bytes of shared memory the mma.sync Gluon kernel for fp8_ds_mla takes in a tile of
-    ``block_h`` heads and ``block_n`` rows with ``ring`` slots of raw rows (KernelConfig.num_stages;
-    kernels/ampere_gluon.py): q in fp16 and its RoPE part, the raw rows with their four fp32
-    scales per slot, two slots of RoPE values, the fp16 K tile, and the scratch of P's layout
-    conversion. tests/test_gluon_ampere.py checks it against the compiler's figure."""
+def ampere_gluon_smem(block_h: int, block_n: int, ring: int, kv_format: str = "fp8_ds_mla") -> int:
+    """Bytes of shared memory a mma.sync Gluon kernel (kernels/ampere_gluon.py) takes in a tile
+    of ``block_h`` heads and ``block_n`` rows with ``ring`` slots of gathered rows
+    (KernelConfig.num_stages). fp8_ds_mla: q in fp16 and its RoPE part, the raw rows with their
+    four fp32 scales per slot, two slots of RoPE values, the fp16 K tile; rows in q's 16-bit
+    dtype (kv_format "auto"): q, and the rows the MMAs read where they land. Both: the scratch
+    of P's layout conversion. tests/test_gluon_ampere.py checks it against the compiler's
+    figure."""
     latent, rope, scale_bytes = 512, 64, 4 * 4
     q = block_h * (latent + rope) * 2
+    scratch = block_h * block_n * 2
+    if kv_format == "auto":
+        return q + ring * block_n * (latent + rope) * 2 + scratch
     raw = ring * block_n * (latent + scale_bytes) + 2 * block_n * rope * 2
-    return q + raw + block_n * latent * 2 + block_h * block_n * 2
+    return q + raw + block_n * latent * 2 + scratch
 
 
 def _wgmma(arch: Arch) -> bool:
