@@ -186,6 +186,19 @@ def test_kernels_take_the_launchers_arguments(ring):
         assert set(plan.constexprs) == const
 
 
+def test_emulation_starts_every_launchable_kernel_afresh():
+    """bench --arch and benchmarks/perf/targets.py reset launch.launchable_kernels() when they
+    emulate a target: the mma.sync kernels (which the sm80 / sm89 paths run by default) among
+    them, so that no path reuses a binary another path built."""
+    from triton_mla_sparse.ops.sparse_mla import launch
+
+    ks = launch.launchable_kernels()
+    assert set(map(id, launch.FORWARD.values())) | {id(launch.sparse_mla_merge_kernel)} == set(
+        map(id, ks)
+    )
+    assert launch.FORWARD[DS_MLA_AMPERE_GLUON] in ks and launch.FORWARD[LATENT_AMPERE_GLUON] in ks
+
+
 @pytest.mark.parametrize("fmt", ["fp8", "fp8_ds_mla_v4"])
 def test_no_ampere_kernel_for_the_other_formats(fmt):
     with pytest.raises(ValueError, match="gluon='ampere'"):

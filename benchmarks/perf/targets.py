@@ -196,7 +196,7 @@ def path_context(path: KernelPath, device):
         return
     import torch
 
-    from triton_mla_sparse.ops.sparse_mla import kernels
+    from triton_mla_sparse.ops.sparse_mla import launch
     from triton_mla_sparse.testing import ptx_jit
 
     why = ptx_jit.refusal(
@@ -204,7 +204,9 @@ def path_context(path: KernelPath, device):
     )
     if why is not None:
         raise ptx_jit.EmulationUnavailable(why)
-    emu = ptx_jit.enable(path.cc, reset=kernels.JIT_KERNELS)
+    # every kernel a call can launch, the Gluon ones included: a binary another path built
+    # (or the native one) is not reused
+    emu = ptx_jit.enable(path.cc, reset=launch.launchable_kernels())
     try:
         ptx_jit.check_jit(emu, device)
         yield emu

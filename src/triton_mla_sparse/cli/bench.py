@@ -254,14 +254,14 @@ def start_emulation(cc: int, device):
     why on stderr) where this GPU cannot run that target's PTX."""
     import torch
 
-    from ..ops.sparse_mla import kernels
+    from ..ops.sparse_mla import launch
     from ..testing import ptx_jit
 
     hip = getattr(torch.version, "hip", None) is not None
     why = ptx_jit.refusal(cc, torch.cuda.get_device_capability(device), hip)
     if why is None:
         # kernels launched before would keep their native binaries: start them afresh
-        emu = ptx_jit.enable(cc, reset=kernels.JIT_KERNELS)
+        emu = ptx_jit.enable(cc, reset=launch.launchable_kernels())
         try:
             ptx_jit.check_jit(emu, device)
             return emu

@@ -64,6 +64,13 @@ except ImportError:  # pragma: no cover - depends on the installed Triton
     pass
 
 
+def launchable_kernels() -> tuple:
+    """Every kernel a call can launch: each family's forward kernel (the Gluon ones where this
+    Triton has them) and the split-K merge. A PTX-JIT emulation starts all of them afresh, so
+    that none keeps a binary built for another target (testing/ptx_jit.py)."""
+    return tuple(dict.fromkeys([*FORWARD.values(), sparse_mla_merge_kernel]))
+
+
 def _cache_geometry(kv_cache: torch.Tensor) -> tuple[int, int, int, int, int]:
     """(num_rows, page_size, stride_block, stride_row, stride_col) of a flat or paged cache."""
     if kv_cache.dim() == 2:
