@@ -142,7 +142,10 @@ def test_kernel_lines_are_the_plan(arch, kv):
         c = plan.config
         assert line.startswith(f"  {label} x 16 heads, ")
         assert f"{plan.family} kernel, {c.block_h} heads x {c.block_n} rows per step, " in line
-        stages = f"Gluon {c.gluon} ring" if c.gluon else f"{c.num_stages} stage"
+        slots = c.num_stages if c.gluon == "ampere" else 2
+        stages = (
+            f"Gluon {c.gluon} kernel, {slots} ring slot" if c.gluon else f"{c.num_stages} stage"
+        )
         assert f"{c.num_warps} warps, {stages}" in line
         assert f", {c.num_splits} split" in line
         k = plan.constexprs

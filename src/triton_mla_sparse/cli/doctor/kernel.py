@@ -28,6 +28,13 @@ def _n(count: int, word: str) -> str:
     return f"{count} {word}{'s' if count != 1 else ''}"
 
 
+def ring_words(c) -> str:
+    """How a Gluon kernel pipelines (KernelConfig.gluon): the sm90 ones through their own
+    two-slot ring, the mma.sync ones through a ring of KernelConfig.num_stages slots."""
+    slots = c.num_stages if c.gluon == "ampere" else 2
+    return f"Gluon {c.gluon} kernel, {_n(slots, 'ring slot')}"
+
+
 def arch_for(cap: tuple[int, int], num_sms: int | None = None) -> tuple[Arch, str]:
     """The compile target of ``cap`` (with this GPU's SM count when known) and a note."""
     cc = cap[0] * 10 + cap[1]
@@ -96,8 +103,7 @@ def kernel_lines(
             on_gpu=True,
         )
         c = plan.config
-        # the Gluon kernels pipeline through their own two-slot ring (KernelConfig.gluon)
-        stages = f"Gluon {c.gluon} ring" if c.gluon else _n(c.num_stages, "stage")
+        stages = ring_words(c) if c.gluon else _n(c.num_stages, "stage")
         lines.append(
             f"  {label} x {heads} heads, {ROWS[kv_format]}, top-k {TOPK}: {plan.family} kernel, "
             f"{c.block_h} heads x {c.block_n} rows per step, {c.num_warps} warps, "
