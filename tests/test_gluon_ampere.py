@@ -44,8 +44,10 @@ from triton_mla_sparse.reference import sparse_mla_reference
 AMPERE = KernelConfig(16, 32, 4, 2, stage_dequant=True, fp16_fold=True, gluon="ampere")
 AMPERE_LATENT = KernelConfig(16, 32, 4, 2, gluon="ampere")  # kv_format "auto"
 # the tiles the Triton kernel runs fp8_ds_mla in on sm80 / sm89 (heuristics.choose_config),
-# one between, and 32 heads in 16-row steps (which fit the 99 KB parts)
-TILES = [(16, 32, 4), (32, 32, 4), (64, 32, 8), (32, 16, 4)]
+# and one between
+TILES = [(16, 32, 4), (32, 32, 4), (64, 32, 8)]
+# 32 heads in 16-row steps: fits the 99 KB parts with two slots, in both formats
+N16_TILE = (32, 16, 4)
 # fp8_ds_mla with one raw-row slot: the tiles it lets the 99 KB parts hold (32 heads) or lets
 # two programs share an sm80 multiprocessor (16 heads), and the 64-head one
 RING1_TILES = [(16, 32, 4), (16, 16, 4), (32, 32, 4), (64, 32, 8)]
@@ -224,7 +226,7 @@ def test_compiles_for_sm80_to_sm90(tmp_path):
     )
     jobs = {}
     for cc in targets:
-        for bh, bn, w in TILES:
+        for bh, bn, w in [*TILES, N16_TILE]:
             tile = dict(base, arch=f"cuda:{cc}", block_h=bh, block_n=bn, num_warps=w)
             jobs[f"{cc}-{bh}-{bn}-serving"] = dict(
                 tile, split=True, rope=64, has_counts=True, store_lse=True, sink=True
@@ -369,7 +371,7 @@ def _fits_this_gpu(bh, bn, ring):
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_GPU, reason="Gluon kernels run on a GPU only")
 @pytest.mark.parametrize("tile", RING1_TILES, ids=lambda t: "x".join(map(str, t)))
-@pytest.mark.parametrize(SCENARIO_ARGS, SCENARIOS)
+@pytest.mark.parametrize(SCENARIO_ARGS, SCENARIOS[:3])  # split or not, pages, NoPE, sinks
 def test_one_slot_ring_matches_the_reference(tile, tokens, heads, width, splits, page, rope, sink):
     """fp8_ds_mla with one raw-row slot (the next gather issued after each step's
     dequantization), in this GPU's e4m3 decode."""
@@ -387,6 +389,31 @@ def test_one_slot_ring_matches_the_reference(tile, tokens, heads, width, splits,
         num_stages=1,
         num_splits=splits,
         fp8_native=native,
+    )
+    cache, idx, q, kw = _problem(tokens, heads, width, page, rope, sink, g)
+    _run_and_check(cache, idx, q, kw, cfg)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_GPU, reason="Gluon kernels run on a GPU only")
+@pytest.mark.parametrize("fmt", ["fp8_ds_mla", "auto"])
+@pytest.mark.parametrize(SCENARIO_ARGS, SCENARIOS[:3])
+def test_32_heads_in_16_row_steps_match_the_reference(
+    fmt, tokens, heads, width, splits, page, rope, sink
+):
+    """The tile that brings 32 heads into 99 KB with two slots, in both formats."""
+    _needs_sm80()
+    bh, bn, w = N16_TILE
+    if fmt == "auto":
+        cfg = dataclasses.replace(
+            AMPERE_LATENT, block_h=bh, block_n=bn, num_warps=w, num_splits=splits
+        )
+        check_latent_rows(cfg, tokens, heads, width, page, rope, sink, torch.bfloat16)
+        return
+    native = torch.cuda.get_device_capability() >= (8, 9)
+    g = torch.Generator().manual_seed(tokens * 3 + page + rope + sink)
+    cfg = dataclasses.replace(
+        AMPERE, block_h=bh, block_n=bn, num_warps=w, num_splits=splits, fp8_native=native
     )
     cache, idx, q, kw = _problem(tokens, heads, width, page, rope, sink, g)
     _run_and_check(cache, idx, q, kw, cfg)
