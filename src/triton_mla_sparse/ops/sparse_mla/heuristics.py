@@ -413,10 +413,15 @@ def gluon_form_for(
         return "specialized"
     if kv_format == "fp8_ds_mla_v4" and folds_v4_scales(dtype, kv_format, arch):
         return "specialized"
-    timed = GLUON_TIMED_TOKENS[0] <= num_tokens <= GLUON_TIMED_TOKENS[1]
-    if kv_format == "auto" and timed and not (block_table or extra_set):
+    if kv_format == "auto" and _gluon_timed(num_tokens) and not (block_table or extra_set):
         return "pipelined"
     return None
+
+
+def _gluon_timed(num_tokens: int) -> bool:
+    """Whether a call's token count is inside the range the latent and mma.sync Gluon kernels
+    were timed at (GLUON_TIMED_TOKENS)."""
+    return GLUON_TIMED_TOKENS[0] <= num_tokens <= GLUON_TIMED_TOKENS[1]
 
 
 def ampere_gluon_config(
@@ -459,7 +464,7 @@ def ampere_gluon_config(
         and int(arch.cc) in AMPERE_GLUON_CCS
         and kv_format == "fp8_ds_mla"
         and dtype == torch.bfloat16
-        and GLUON_TIMED_TOKENS[0] <= num_tokens <= GLUON_TIMED_TOKENS[1]
+        and _gluon_timed(num_tokens)
         and not (block_table or extra_set)
     ):
         return None
