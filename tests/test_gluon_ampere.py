@@ -32,6 +32,7 @@ from triton_mla_sparse.ops.sparse_mla.heuristics import (
     Arch,
     ampere_gluon_smem,
     num_splits_for,
+    split_len_for,
 )
 from triton_mla_sparse.ops.sparse_mla.plan import (
     DS_MLA_AMPERE_GLUON,
@@ -123,49 +124,70 @@ def _default_plan(tokens, heads, arch, dtype=torch.bfloat16, fmt="fp8_ds_mla", *
     )
 
 
-@pytest.mark.parametrize("tokens", [64, 100, 128])
+@pytest.mark.parametrize("tokens", [1, 4, 15, 16, 64, 100, 128])
 @pytest.mark.parametrize(
-    "cc, heads, block_h",
-    [(80, 16, 16), (80, 64, 64), (80, 128, 64), (89, 16, 16), (89, 64, 16), (89, 128, 16)],
+    "cc, heads", [(80, 8), (80, 16), (80, 64), (80, 128), (89, 16), (89, 64), (89, 128)]
 )
-def test_default_on_the_paths_timed_faster(tokens, cc, heads, block_h):
-    """fp8_ds_mla with bf16 q on sm80 and sm89 at the token counts timed: the mma.sync
-    kernel by default, in the largest tile the target's shared memory holds, 32-row steps,
-    split as the heuristics split that tile; the plan takes it as it is."""
+def test_default_on_the_paths_timed_faster(tokens, cc, heads):
+    """fp8_ds_mla with bf16 q on sm80 and sm89, decode of 1-128 tokens: the mma.sync kernel by
+    default with one slot of raw rows, in the largest tile the call's heads and the target's
+    shared memory hold (64 heads on sm80, 32 in sm89's 99 KB), half of it below 16 tokens,
+    32-row steps, split as the heuristics split that tile; the plan takes it as it is."""
     arch = next(a for a in TARGETS if a.backend == "cuda" and a.cc == cc)
     plan = _default_plan(tokens, heads, arch)
     cfg = plan.config
+    widest = {80: 64, 89: 32}[cc]
+    block_h = min(widest, max(16, heads))
+    if tokens < 16:
+        block_h = max(16, block_h // 2)
     assert plan.family == DS_MLA_AMPERE_GLUON
     assert (cfg.gluon, cfg.block_h, cfg.block_n, cfg.num_warps, cfg.num_stages) == (
         "ampere",
         block_h,
         AMPERE_GLUON_BLOCK_N,
         8 if block_h == 64 else 4,
-        2,
+        1,
     )
-    assert plan.constexprs["RING"] == 2
+    assert plan.constexprs["RING"] == 1
     programs = tokens * -(-heads // block_h)
-    assert cfg.num_splits == num_splits_for(programs, 2048, cfg.block_n, arch.num_sms, block_h)
-    assert ampere_gluon_smem(block_h, cfg.block_n, 2) <= arch.smem_bytes
+    splits = num_splits_for(programs, 2048, cfg.block_n, arch.num_sms, block_h)
+    assert cfg.num_splits == split_len_for(2048, splits, cfg.block_n)[1]
+    assert ampere_gluon_smem(block_h, cfg.block_n, 1) <= arch.smem_bytes
+    # the next wider tile would not fit, or the call has no more heads for it
+    if block_h < 64 and tokens >= 16 and heads > block_h:
+        assert ampere_gluon_smem(2 * block_h, cfg.block_n, 1) > arch.smem_bytes
+
+
+@pytest.mark.parametrize("tokens", [1, 16, 128])
+@pytest.mark.parametrize("heads", [8, 16])
+def test_rows_default_on_sm89_at_16_heads(tokens, heads):
+    """Rows in q's dtype (bf16) on sm89 with 16 heads or fewer: the mma.sync kernel, 16-head
+    tile, two slots."""
+    arch = next(a for a in TARGETS if a.backend == "cuda" and a.cc == 89)
+    plan = _default_plan(tokens, heads, arch, fmt="auto")
+    cfg = plan.config
+    assert plan.family == LATENT_AMPERE_GLUON
+    assert (cfg.gluon, cfg.block_h, cfg.block_n, cfg.num_stages) == ("ampere", 16, 32, 2)
 
 
 @pytest.mark.parametrize(
-    "why, cc, tokens, kw",
+    "why, cc, tokens, heads, kw",
     [
-        ("16 tokens: not timed", 80, 16, {}),
-        ("256 tokens: not timed", 89, 256, {}),
-        ("sm86: not timed", 86, 64, {}),
-        ("sm90: its own kernels", 90, 64, {}),
-        ("fp16 q", 80, 64, dict(dtype=torch.float16)),
-        ("rows in q's dtype", 80, 64, dict(fmt="auto")),
-        ("block table", 80, 64, dict(block_size=64)),
-        ("extra set", 89, 64, dict(extra_width=128)),
-        ("cache not 16-byte aligned", 80, 64, dict(cache_aligned=False)),
+        ("256 tokens: not timed", 89, 256, 64, {}),
+        ("prefill: not timed", 80, 4096, 64, {}),
+        ("sm86: not timed", 86, 64, 64, {}),
+        ("sm90: its own kernels", 90, 64, 64, {}),
+        ("fp16 q", 80, 64, 64, dict(dtype=torch.float16)),
+        ("rows in q's dtype on sm80", 80, 64, 16, dict(fmt="auto")),
+        ("rows in q's dtype, 64 heads", 89, 64, 64, dict(fmt="auto")),
+        ("block table", 80, 64, 64, dict(block_size=64)),
+        ("extra set", 89, 64, 64, dict(extra_width=128)),
+        ("cache not 16-byte aligned", 80, 64, 64, dict(cache_aligned=False)),
     ],
 )
-def test_not_the_default_elsewhere(why, cc, tokens, kw):
+def test_not_the_default_elsewhere(why, cc, tokens, heads, kw):
     arch = next(a for a in TARGETS if a.backend == "cuda" and a.cc == cc)
-    assert _default_plan(tokens, 64, arch, **kw).config.gluon != "ampere", why
+    assert _default_plan(tokens, heads, arch, **kw).config.gluon != "ampere", why
 
 
 @pytest.mark.parametrize("ring", [1, 2])

@@ -128,11 +128,16 @@ PIPELINED_DS_MLA_TRITON = (3, 8)
 # mma.sync Gluon kernels were timed against the Triton kernel; each is the default only there
 # (gluon_form_for, ampere_gluon_config).
 GLUON_TIMED_TOKENS = (64, 128)
-# The mma.sync Gluon kernels (kernels/ampere_gluon.py): the targets whose fp8_ds_mla code was
-# timed faster than the Triton kernel's (sm80's and sm89's PTX on an H200), the rows of one
-# step and the slots of the ring of raw rows they were timed with.
+# The mma.sync Gluon kernels (kernels/ampere_gluon.py): the targets whose code was timed faster
+# than the Triton kernel's (sm80's and sm89's PTX on an H200), the rows of one step, the decode
+# token counts (inclusive) they were timed at (1, 16, 64 and 128), and their rings: fp8_ds_mla
+# with one slot of raw rows (the next step's gather issued once this step's rows are
+# dequantized: faster than two slots in every tile timed, and it fits 32 heads into 99 KB),
+# rows in q's dtype with two.
 AMPERE_GLUON_CCS = (80, 89)
 AMPERE_GLUON_BLOCK_N = 32
+AMPERE_GLUON_TOKENS = (1, 128)
+AMPERE_GLUON_DS_RING = 1
 AMPERE_GLUON_RING = 2
 
 
@@ -437,49 +442,69 @@ def ampere_gluon_config(
     extra_set: bool,
 ) -> KernelConfig | None:
     """The mma.sync Gluon kernel's configuration (KernelConfig.gluon="ampere") for a call the
-    Triton kernel would run in ``cfg``, or None: fp8_ds_mla with bf16 q, no block table or
-    extra set, on the paths and token counts where it was timed faster than the Triton kernel.
+    Triton kernel would run in ``cfg``, or None: bf16 q, no block table or extra set, decode of
+    1-128 tokens (AMPERE_GLUON_TOKENS), on the paths where it was timed faster than the Triton
+    kernel. ``cfg`` is not consulted: the tile is the one below.
 
-    Timed on an H200 as sm80's and sm89's code by PTX JIT (`tune.py --only ampere --arch
-    sm80|sm89`, docs/perf-log/33-gluon-defaults-h200.txt; every row checked against float64
-    first), Triton 3.8 / 3.6, Gluon against the Triton tile, 128 and 64 tokens:
+    Timed on an H200 as sm80's and sm89's code by PTX JIT, Triton 3.8 (`tune.py --only ampere
+    --arch sm80|sm89 --tokens 128,64,16,1`, docs/perf-log/35-ampere-ring-h200.txt; every row
+    checked against float64 first), us, the chosen tile against the Triton kernel's default:
 
-    - sm80 (integer e4m3 decode): 16 heads in the 16-head tile 139.8 / 134.8 against 162.2 /
-      166.4 us at 128 tokens, 97.4 / 94.3 against 114.0 / 116.3 at 64; 64 heads in the 64-head
-      tile 265.3 / 341.1 against 579.9 / 592.1 at 128, 148.5 / 198.5 against 295.4 / 305.9 at
-      64; 128 heads 519.1 / 685.1 against 1124.8 / 1156.7 at 128, 262.7 / 345.3 against 568.5 /
-      585.7 at 64.
-    - sm89 (hardware e4m3 conversion), the 16-head tile at every head count (the 64-head one
-      does not fit 99 KB): 139.7 / 131.7 against 175.5 / 181.6 us at 128 x 16, 452.8 / 475.4
-      against 641.0 / 622.3 at 128 x 64, 874.7 / 911.3 against 1239.5 / 1231.0 at 128 x 128,
-      73.7 / 70.5 against 94.1 / 97.6 at 64 x 16, 232.7 / 244.7 against 343.3 / 337.8 at
-      64 x 64, 443.1 / 463.0 against 625.0 / 623.4 at 64 x 128.
+    - fp8_ds_mla, one slot of raw rows, the largest tile of 16 / 32 / 64 heads the call's heads
+      and the target's shared memory hold (sm80: 64, sm89: 32 in 94.5 KB), half of it below 16
+      tokens (split-K already fills the GPU there; the shorter programs won):
+      sm80 128 x 16 125.7 against 164.2 (139.0 with two slots), 128 x 64 264.6 / 581.3,
+      128 x 128 516.6 / 1129.6, 64 x 16 87.9 / 113.9, 64 x 64 147.7 / 295.6, 64 x 128 259.9 /
+      569.7, 16 x 16 25.0 / 28.1, 16 x 64 51.2 / 96.3, 16 x 128 98.7 / 197.5, 1 x 16 8.3 /
+      9.2, 1 x 64 (32 heads) 11.8 / 17.5, 1 x 128 (32 heads) 14.4 / 24.5; sm89 128 x 16
+      120.8 / 177.1, 128 x 64 268.8 / 642.2 (455.3 in the 16-head tile with two slots, the
+      previous default), 128 x 128 524.3 / 1244.3, 64 x 16 64.3 / 94.2, 64 x 64 142.4 /
+      344.6, 64 x 128 266.1 / 624.8, 16 x 16 20.4 / 22.9, 16 x 64 44.0 / 97.8, 16 x 128 75.6 /
+      176.2, 1 x 16 8.0 / 8.3, 1 x 64 (16 heads) 11.6 / 19.4, 1 x 128 (16 heads) 14.2 / 22.3.
+    - rows in q's dtype on sm89 with 16 heads or fewer, two slots: 98.0 against 111.7 at 128
+      tokens, 53.6 / 63.0 at 64, 18.4 / 20.9 at 16, 7.2 / 8.1 at 1. Elsewhere the rows' kernel
+      was within 5% of the Triton kernel or slower at 64-128 tokens, so the Triton kernel stays.
 
-    Rows in q's dtype gained 2-4% at most on these paths and lost elsewhere, so they keep the
-    Triton kernel; sm86 and sm120 (the sm80 and sm89 instruction sets with 99 KB) and other
-    token counts were not timed and keep it too.
+    sm86 and sm120 (the sm80 and sm89 instruction sets with 99 KB), prefill and fp16 q were not
+    timed and keep the Triton kernel. Under Triton 3.6 only fp8_ds_mla's two-slot kernel was
+    timed, faster than the Triton kernel at 64-128 tokens as under 3.8
+    (docs/perf-log/33-gluon-defaults-h200.txt).
     """
     if not (
         arch.backend == "cuda"
         and int(arch.cc) in AMPERE_GLUON_CCS
-        and kv_format == "fp8_ds_mla"
         and dtype == torch.bfloat16
-        and _gluon_timed(num_tokens)
+        and AMPERE_GLUON_TOKENS[0] <= num_tokens <= AMPERE_GLUON_TOKENS[1]
         and not (block_table or extra_set)
     ):
         return None
-    fits = ampere_gluon_smem(cfg.block_h, AMPERE_GLUON_BLOCK_N, AMPERE_GLUON_RING)
-    block_h = cfg.block_h if fits <= arch.smem_bytes else 16
+    if kv_format == "fp8_ds_mla":
+        ring = AMPERE_GLUON_DS_RING
+        block_h = 16
+        for wider in (32, 64):
+            if (
+                block_h < num_heads
+                and ampere_gluon_smem(wider, AMPERE_GLUON_BLOCK_N, ring, kv_format)
+                <= arch.smem_bytes
+            ):
+                block_h = wider
+        if num_tokens < SHORT_DECODE_TOKENS:
+            block_h = max(16, block_h // 2)
+    elif kv_format == "auto" and int(arch.cc) == 89 and num_heads <= 16:
+        ring, block_h = AMPERE_GLUON_RING, 16
+    else:
+        return None
     programs = num_tokens * -(-num_heads // block_h)
     splits = num_splits_for(programs, width, AMPERE_GLUON_BLOCK_N, arch.num_sms, block_h)
+    ds_mla = kv_format == "fp8_ds_mla"
     return KernelConfig(
         block_h,
         AMPERE_GLUON_BLOCK_N,
         8 if block_h >= 64 else 4,
-        AMPERE_GLUON_RING,
+        ring,
         num_splits=splits,
-        stage_dequant=True,
-        fp16_fold=True,
+        stage_dequant=ds_mla,
+        fp16_fold=ds_mla,
         gluon="ampere",
     )
 
