@@ -124,14 +124,13 @@ def _v4_step_rows(
     page_size,
     stride_kb,
     k_slot,
-    mask_slot,
     BLOCK_N: gl.constexpr,
     HAS_BT: gl.constexpr,
     BT_SHIFT: gl.constexpr,
     PAGE_SHIFT: gl.constexpr,
 ):
     # one step of one index list: gather, dequantize (exact: e4m3 x 2^e in bf16), write the tile
-    # and each row's validity into the ring slot
+    # into the ring slot (the consumer derives each row's validity from the same lists itself)
     # every tile of the step in one layout, so that the rows' offsets, validity and scales are
     # where each dequantizing thread needs them without moving between threads (a conversion
     # is a round trip through shared memory and two barriers): the NoPE groups and the RoPE
@@ -209,7 +208,6 @@ def _v4_step_rows(
         b_sc_c = gl.convert_layout(b_sc_c, gl.SliceLayout(1, DQ))
         b_f = b_k8.to(gl.float8e4nv, bitcast=True).to(gl.float32)
         k_slot.slice(c * V4_GROUP, V4_GROUP, dim=1).store((b_f * b_sc_c[:, None]).to(gl.bfloat16))
-    mask_slot.store(m_n.to(gl.float32))
 
 
 @gluon.jit
@@ -248,7 +246,6 @@ def _v4_dequant(
     extra_page_size,
     stride_xkb,
     k_ring,
-    mask_ring,
     ready,
     empty,
     BLOCK_N: gl.constexpr,
@@ -283,7 +280,6 @@ def _v4_dequant(
                 page_size,
                 stride_kb,
                 k_ring.index(slot),
-                mask_ring.index(slot),
                 BLOCK_N,
                 HAS_BT,
                 BT_SHIFT,
@@ -309,7 +305,6 @@ def _v4_dequant(
                     extra_page_size,
                     stride_xkb,
                     k_ring.index(slot),
-                    mask_ring.index(slot),
                     BLOCK_N,
                     EXTRA_HAS_BT,
                     EXTRA_BT_SHIFT,
@@ -321,6 +316,125 @@ def _v4_dequant(
 
 
 @gluon.jit
+def _v4_step_valid(
+    i_step,
+    i_t,
+    Idx,
+    BlockTable,
+    ExtraIdx,
+    ExtraBlockTable,
+    i_req,
+    i_xreq,
+    w_lo,
+    w_hi,
+    x_lo,
+    x_hi,
+    n_main,
+    stride_it,
+    stride_iw,
+    stride_btr,
+    stride_btb,
+    bt_block_size,
+    bt_max_blocks,
+    num_rows,
+    page_size,
+    stride_kb,
+    stride_xit,
+    stride_xiw,
+    stride_xbtr,
+    stride_xbtb,
+    extra_bt_block_size,
+    extra_bt_max_blocks,
+    extra_num_rows,
+    extra_page_size,
+    stride_xkb,
+    BLOCK_N: gl.constexpr,
+    HAS_BT: gl.constexpr,
+    BT_SHIFT: gl.constexpr,
+    PAGE_SHIFT: gl.constexpr,
+    HAS_EXTRA: gl.constexpr,
+    EXTRA_HAS_BT: gl.constexpr,
+    EXTRA_BT_SHIFT: gl.constexpr,
+    EXTRA_PAGE_SHIFT: gl.constexpr,
+    ROWS: gl.constexpr,
+):
+    # whether each row of step i_step (the main list's steps, then the extra list's) is valid, in
+    # layout ROWS: the same rule the producer gathers by (_v4_row_offsets), computed by the
+    # consumer from the lists themselves so that no validity passes between the partitions
+    if HAS_EXTRA:
+        if i_step < n_main:
+            _, _, m_n = _v4_row_offsets(
+                Idx,
+                BlockTable,
+                i_t,
+                i_req,
+                w_lo + i_step * BLOCK_N,
+                w_hi,
+                stride_it,
+                stride_iw,
+                stride_btr,
+                stride_btb,
+                bt_block_size,
+                bt_max_blocks,
+                num_rows,
+                page_size,
+                stride_kb,
+                BLOCK_N,
+                HAS_BT,
+                BT_SHIFT,
+                PAGE_SHIFT,
+                ROWS,
+            )
+        else:
+            _, _, m_n = _v4_row_offsets(
+                ExtraIdx,
+                ExtraBlockTable,
+                i_t,
+                i_xreq,
+                x_lo + (i_step - n_main) * BLOCK_N,
+                x_hi,
+                stride_xit,
+                stride_xiw,
+                stride_xbtr,
+                stride_xbtb,
+                extra_bt_block_size,
+                extra_bt_max_blocks,
+                extra_num_rows,
+                extra_page_size,
+                stride_xkb,
+                BLOCK_N,
+                EXTRA_HAS_BT,
+                EXTRA_BT_SHIFT,
+                EXTRA_PAGE_SHIFT,
+                ROWS,
+            )
+    else:
+        _, _, m_n = _v4_row_offsets(
+            Idx,
+            BlockTable,
+            i_t,
+            i_req,
+            w_lo + i_step * BLOCK_N,
+            w_hi,
+            stride_it,
+            stride_iw,
+            stride_btr,
+            stride_btb,
+            bt_block_size,
+            bt_max_blocks,
+            num_rows,
+            page_size,
+            stride_kb,
+            BLOCK_N,
+            HAS_BT,
+            BT_SHIFT,
+            PAGE_SHIFT,
+            ROWS,
+        )
+    return m_n
+
+
+@gluon.jit
 def _v4_mma(
     Sink,
     Out,
@@ -329,7 +443,6 @@ def _v4_mma(
     LsePart,
     q_s,
     k_ring,
-    mask_ring,
     ready,
     empty,
     i_t,
@@ -342,12 +455,48 @@ def _v4_mma(
     stride_oh,
     stride_od,
     stride_sink,
+    Idx,
+    BlockTable,
+    ExtraIdx,
+    ExtraBlockTable,
+    i_req,
+    i_xreq,
+    w_lo,
+    w_hi,
+    x_lo,
+    x_hi,
+    n_main,
+    stride_it,
+    stride_iw,
+    stride_btr,
+    stride_btb,
+    bt_block_size,
+    bt_max_blocks,
+    num_rows,
+    page_size,
+    stride_kb,
+    stride_xit,
+    stride_xiw,
+    stride_xbtr,
+    stride_xbtb,
+    extra_bt_block_size,
+    extra_bt_max_blocks,
+    extra_num_rows,
+    extra_page_size,
+    stride_xkb,
     BLOCK_H: gl.constexpr,
     BLOCK_N: gl.constexpr,
     L: gl.constexpr,
     SPLIT: gl.constexpr,
     STORE_LSE: gl.constexpr,
     HAS_SINK: gl.constexpr,
+    HAS_BT: gl.constexpr,
+    BT_SHIFT: gl.constexpr,
+    PAGE_SHIFT: gl.constexpr,
+    HAS_EXTRA: gl.constexpr,
+    EXTRA_HAS_BT: gl.constexpr,
+    EXTRA_BT_SHIFT: gl.constexpr,
+    EXTRA_PAGE_SHIFT: gl.constexpr,
 ):
     # the consumer (the CTA's own warps): one QK^T chain, the online softmax, one PV chain
     # S and O split by columns between the two warpgroups (no QK^T twice)
@@ -363,11 +512,53 @@ def _v4_mma(
     b_o = gl.zeros([BLOCK_H, L], gl.float32, layout=O_LAYOUT)
     for i_step in range(n_steps):
         slot = i_step % 2
+        # the rows' validity first: its loads are in flight while the slot is awaited
+        m_n = _v4_step_valid(
+            i_step,
+            i_t,
+            Idx,
+            BlockTable,
+            ExtraIdx,
+            ExtraBlockTable,
+            i_req,
+            i_xreq,
+            w_lo,
+            w_hi,
+            x_lo,
+            x_hi,
+            n_main,
+            stride_it,
+            stride_iw,
+            stride_btr,
+            stride_btb,
+            bt_block_size,
+            bt_max_blocks,
+            num_rows,
+            page_size,
+            stride_kb,
+            stride_xit,
+            stride_xiw,
+            stride_xbtr,
+            stride_xbtb,
+            extra_bt_block_size,
+            extra_bt_max_blocks,
+            extra_num_rows,
+            extra_page_size,
+            stride_xkb,
+            BLOCK_N,
+            HAS_BT,
+            BT_SHIFT,
+            PAGE_SHIFT,
+            HAS_EXTRA,
+            EXTRA_HAS_BT,
+            EXTRA_BT_SHIFT,
+            EXTRA_PAGE_SHIFT,
+            gl.SliceLayout(0, S_LAYOUT),
+        )
         mbarrier.wait(ready.index(slot), (i_step // 2) & 1)
         k_slot = k_ring.index(slot)
         b_s = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=S_LAYOUT)
         b_s = warpgroup_mma(q_s, k_slot.permute((1, 0)), b_s, use_acc=False, is_async=True)
-        m_n = mask_ring.index(slot).load(gl.SliceLayout(0, S_LAYOUT)) > 0.0
         b_s = warpgroup_mma_wait(num_outstanding=0, deps=(b_s,))
         b_s = gl.where(m_n[None, :], b_s * qk_scale, float("-inf"))
         b_m_new = gl.maximum(b_m, gl.max(b_s, 1))
@@ -504,7 +695,6 @@ def sparse_mla_ds_mla_v4_sm90_gluon_ws_kernel(
     MMA_SMEM: gl.constexpr = gl.NVMMASharedLayout(
         swizzle_byte_width=128, element_bitwidth=16, rank=2
     )
-    MASK_SMEM: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
 
     i_hb, i_ts, i_s, i_t = _program_coords(num_hb, num_splits)
 
@@ -515,7 +705,6 @@ def sparse_mla_ds_mla_v4_sm90_gluon_ws_kernel(
     b_q = gl.load(p_q + o_lq[None, :] * stride_qnd, mask=m_hq[:, None], other=0.0)
     q_s = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, L], MMA_SMEM, b_q.to(gl.bfloat16))
     k_ring = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, L], MMA_SMEM)
-    mask_ring = gl.allocate_shared_memory(gl.float32, [2, BLOCK_N], MASK_SMEM)
     ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(2):
@@ -559,7 +748,6 @@ def sparse_mla_ds_mla_v4_sm90_gluon_ws_kernel(
                     LsePart,
                     q_s,
                     k_ring,
-                    mask_ring,
                     ready,
                     empty,
                     i_t,
@@ -572,12 +760,48 @@ def sparse_mla_ds_mla_v4_sm90_gluon_ws_kernel(
                     stride_oh,
                     stride_od,
                     stride_sink,
+                    Idx,
+                    BlockTable,
+                    ExtraIdx,
+                    ExtraBlockTable,
+                    i_req,
+                    i_xreq,
+                    w_lo,
+                    w_hi,
+                    x_lo,
+                    x_hi,
+                    n_main,
+                    stride_it,
+                    stride_iw,
+                    stride_btr,
+                    stride_btb,
+                    bt_block_size,
+                    bt_max_blocks,
+                    num_rows,
+                    page_size,
+                    stride_kb,
+                    stride_xit,
+                    stride_xiw,
+                    stride_xbtr,
+                    stride_xbtb,
+                    extra_bt_block_size,
+                    extra_bt_max_blocks,
+                    extra_num_rows,
+                    extra_page_size,
+                    stride_xkb,
                     BLOCK_H,
                     BLOCK_N,
                     L,
                     SPLIT,
                     STORE_LSE,
                     HAS_SINK,
+                    HAS_BT,
+                    BT_SHIFT,
+                    PAGE_SHIFT,
+                    HAS_EXTRA,
+                    EXTRA_HAS_BT,
+                    EXTRA_BT_SHIFT,
+                    EXTRA_PAGE_SHIFT,
                 ),
             ),
             (
@@ -617,7 +841,6 @@ def sparse_mla_ds_mla_v4_sm90_gluon_ws_kernel(
                     extra_page_size,
                     stride_xkb,
                     k_ring,
-                    mask_ring,
                     ready,
                     empty,
                     BLOCK_N,
