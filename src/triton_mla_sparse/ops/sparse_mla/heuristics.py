@@ -393,6 +393,10 @@ def gluon_form_for(
       pipelined kernel: 85.7 / 51.0 / 21.5); 67.1 / 85.3 at 128 under 3.6 (entry 31's code);
       with one layout for the record's tiles 56.9 against 71.0 (pipelined) and 82.9 (Triton)
       at 128 tokens under 3.8, 54.6 / 78.8 / 86.3 under 3.6.
+      The V4 kernel's MMA warps deriving each row's validity themselves (no mask through
+      shared memory): 52.4 / 37.5 / 17.8 us at 128 / 64 / 16 tokens under 3.8 against 56.3 /
+      39.4 / 17.7 with the mask, 1.21x FlashMLA's 43.2 at 128 in the same run; 54.6 / 38.5 /
+      18.1 under 3.6 (docs/perf-log/36-v4-ws-validity-h200.txt).
     - rows in q's dtype (kv_format "auto"), no block table or extra set, 64-128 tokens (the
       counts timed, GLUON_TIMED_TOKENS): "pipelined", under 3.8 127.2 against 167.2 us at 128
       tokens x 64 heads, 245.6 / 324.1 at 128 x 128, 74.5 / 99.5 at 64 x 64, 125.4 / 165.0 at
@@ -400,11 +404,11 @@ def gluon_form_for(
 
     compute-sanitizer memcheck, racecheck and synccheck reported nothing on the fp8_ds_mla and
     V4 kernels under 3.8 (docs/perf-log/28-sanitize-h200.txt, the code before the per-tile
-    row layouts).
-    racecheck's reports on Triton's warp-specialize hand-off (entry 31, under 3.6) are the
-    tool's: benchmarks/reliability/ws_racecheck_probe.py draws them from a minimal kernel
-    whose flagged accesses sit on either side of a matched whole-block barrier
-    (docs/RELIABILITY.md).
+    row layouts); on the code since, memcheck nothing and racecheck only Triton's
+    warp-specialize hand-off (docs/perf-log/35-gpu-check-h200.txt, 36-v4-ws-validity-h200.txt).
+    racecheck's reports on that hand-off are the tool's:
+    benchmarks/reliability/ws_racecheck_probe.py draws them from a minimal kernel whose
+    flagged accesses sit on either side of a matched whole-block barrier (docs/RELIABILITY.md).
     """
     if not (
         _wgmma(arch)
