@@ -441,3 +441,21 @@ def test_ws_racecheck_probe_compiles_the_hand_off():
     counts = dict(re.findall(r"'([a-z. 1]+)': (\d+)", p.stdout))
     assert int(counts["barrier.sync 1"]) >= 2 and int(counts["setmaxnreg"]) >= 2, p.stdout
     assert int(counts["st.shared"]) >= 2 and int(counts["ld.shared"]) >= 2, p.stdout
+
+
+def test_ws_racecheck_probe_ring_compiles_the_hand_over():
+    """The probe's ring mode compiles for sm90 without a GPU: the worker's stores and one
+    arrive per step and slot, and the default warps' arrive back, for every step."""
+    probe = os.path.join(BENCH, "ws_racecheck_probe.py")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    p = subprocess.run(
+        [sys.executable, probe, "--compile-only", "--regs", "--ring", "--default-warps", "8"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert p.returncode == 0, p.stderr[-2000:]
+    counts = dict(re.findall(r"'([a-z. 1]+)': (\d+)", p.stdout))
+    assert "ring True" in p.stdout, p.stdout
+    assert int(counts["mbarrier.arrive"]) >= 2 and int(counts["st.shared"]) >= 2, p.stdout
