@@ -425,37 +425,34 @@ def test_extra_set_inputs():
     assert inp.xind["block_size"] == rel.EXTRA_PAGE
 
 
-def test_ws_racecheck_probe_compiles_the_hand_off():
-    """The warp-specialize racecheck probe compiles for sm90 without a GPU, and its PTX holds
-    Triton's hand-off (whole-block barriers, the state and capture words in shared memory)."""
+def _probe_compile_only(*args: str) -> tuple[str, dict[str, int]]:
+    """benchmarks/reliability/ws_racecheck_probe.py --compile-only ARGS (no GPU): its output and
+    the PTX counts it prints."""
     probe = os.path.join(BENCH, "ws_racecheck_probe.py")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     p = subprocess.run(
-        [sys.executable, probe, "--compile-only", "--regs"],
+        [sys.executable, probe, "--compile-only", *args],
         capture_output=True,
         text=True,
         env=env,
         timeout=300,
     )
     assert p.returncode == 0, p.stderr[-2000:]
-    counts = dict(re.findall(r"'([a-z. 1]+)': (\d+)", p.stdout))
-    assert int(counts["barrier.sync 1"]) >= 2 and int(counts["setmaxnreg"]) >= 2, p.stdout
-    assert int(counts["st.shared"]) >= 2 and int(counts["ld.shared"]) >= 2, p.stdout
+    counts = {k: int(v) for k, v in re.findall(r"'([a-z. 1]+)': (\d+)", p.stdout)}
+    return p.stdout, counts
+
+
+def test_ws_racecheck_probe_compiles_the_hand_off():
+    """The warp-specialize racecheck probe compiles for sm90 without a GPU, and its PTX holds
+    Triton's hand-off (whole-block barriers, the state and capture words in shared memory)."""
+    out, counts = _probe_compile_only("--regs")
+    assert counts["barrier.sync 1"] >= 2 and counts["setmaxnreg"] >= 2, out
+    assert counts["st.shared"] >= 2 and counts["ld.shared"] >= 2, out
 
 
 def test_ws_racecheck_probe_ring_compiles_the_hand_over():
     """The probe's ring mode compiles for sm90 without a GPU: the worker's stores and one
     arrive per step and slot, and the default warps' arrive back, for every step."""
-    probe = os.path.join(BENCH, "ws_racecheck_probe.py")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    p = subprocess.run(
-        [sys.executable, probe, "--compile-only", "--regs", "--ring", "--default-warps", "8"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
-    assert p.returncode == 0, p.stderr[-2000:]
-    counts = dict(re.findall(r"'([a-z. 1]+)': (\d+)", p.stdout))
-    assert "ring True" in p.stdout, p.stdout
-    assert int(counts["mbarrier.arrive"]) >= 2 and int(counts["st.shared"]) >= 2, p.stdout
+    out, counts = _probe_compile_only("--regs", "--ring", "--default-warps", "8")
+    assert "ring True" in out, out
+    assert counts["mbarrier.arrive"] >= 2 and counts["st.shared"] >= 2, out

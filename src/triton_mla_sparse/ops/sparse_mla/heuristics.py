@@ -124,9 +124,8 @@ V4_FOLD_CCS = (80, 89, 90)
 # The first Triton release whose code for the single-partition ("pipelined") fp8_ds_mla Gluon
 # kernel was timed faster than its warp-specialized form (gluon_form_for).
 PIPELINED_DS_MLA_TRITON = (3, 8)
-# The token counts (inclusive) at which the sm90 Gluon kernel for rows in q's dtype and the
-# mma.sync Gluon kernels were timed against the Triton kernel; each is the default only there
-# (gluon_form_for, ampere_gluon_config).
+# The token counts (inclusive) at which the sm90 Gluon kernel for rows in q's dtype was timed
+# against the Triton kernel; it is the default only there (gluon_form_for).
 GLUON_TIMED_TOKENS = (64, 128)
 # The mma.sync Gluon kernels (kernels/ampere_gluon.py): the targets whose code was timed faster
 # than the Triton kernel's (sm80's and sm89's PTX on an H200), the rows of one step, the decode
@@ -331,7 +330,6 @@ def choose_config(
         # the same tiles and stages with the in-step loop (what block-table calls have run)
         cfg = dataclasses.replace(cfg, idx_ahead=False)
     ampere = ampere_gluon_config(
-        cfg,
         dtype,
         kv_format,
         arch,
@@ -422,19 +420,13 @@ def gluon_form_for(
         return "specialized"
     if kv_format == "fp8_ds_mla_v4" and folds_v4_scales(dtype, kv_format, arch):
         return "specialized"
-    if kv_format == "auto" and _gluon_timed(num_tokens) and not (block_table or extra_set):
+    timed = GLUON_TIMED_TOKENS[0] <= num_tokens <= GLUON_TIMED_TOKENS[1]
+    if kv_format == "auto" and timed and not (block_table or extra_set):
         return "pipelined"
     return None
 
 
-def _gluon_timed(num_tokens: int) -> bool:
-    """Whether a call's token count is inside the range the latent and mma.sync Gluon kernels
-    were timed at (GLUON_TIMED_TOKENS)."""
-    return GLUON_TIMED_TOKENS[0] <= num_tokens <= GLUON_TIMED_TOKENS[1]
-
-
 def ampere_gluon_config(
-    cfg: KernelConfig,
     dtype: torch.dtype,
     kv_format: str,
     arch: Arch,
@@ -445,10 +437,9 @@ def ampere_gluon_config(
     block_table: bool,
     extra_set: bool,
 ) -> KernelConfig | None:
-    """The mma.sync Gluon kernel's configuration (KernelConfig.gluon="ampere") for a call the
-    Triton kernel would run in ``cfg``, or None: bf16 q, no block table or extra set, decode of
-    1-128 tokens (AMPERE_GLUON_TOKENS), on the paths where it was timed faster than the Triton
-    kernel. ``cfg`` is not consulted: the tile is the one below.
+    """The mma.sync Gluon kernel's configuration (KernelConfig.gluon="ampere") for a call, or
+    None: bf16 q, no block table or extra set, decode of 1-128 tokens (AMPERE_GLUON_TOKENS), on
+    the paths where it was timed faster than the Triton kernel.
 
     Timed on an H200 as sm80's and sm89's code by PTX JIT, Triton 3.8 (`tune.py --only ampere
     --arch sm80|sm89 --tokens 128,64,16,1`, docs/perf-log/35-ampere-ring-h200.txt; every row
@@ -482,7 +473,8 @@ def ampere_gluon_config(
         and not (block_table or extra_set)
     ):
         return None
-    if kv_format == "fp8_ds_mla":
+    ds_mla = kv_format == "fp8_ds_mla"
+    if ds_mla:
         ring = AMPERE_GLUON_DS_RING
         block_h = 16
         for wider in (32, 64):
@@ -500,7 +492,6 @@ def ampere_gluon_config(
         return None
     programs = num_tokens * -(-num_heads // block_h)
     splits = num_splits_for(programs, width, AMPERE_GLUON_BLOCK_N, arch.num_sms, block_h)
-    ds_mla = kv_format == "fp8_ds_mla"
     return KernelConfig(
         block_h,
         AMPERE_GLUON_BLOCK_N,
