@@ -433,24 +433,23 @@ def test_emulated_targets_one_after_another_in_one_process():
     emulation must build and run its own target's code (the probe and every sparse_mla kernel),
     not the binaries an earlier target left in the kernels' in-memory caches, and the kernels
     must pass the reference check under each."""
-    from triton_mla_sparse.ops.sparse_mla import kernels
+    from triton_mla_sparse.ops.sparse_mla import launch
     from triton_mla_sparse.testing import ptx_jit
 
     dev = torch.device("cuda")
     cap = torch.cuda.get_device_capability(dev)
+    kernels = launch.launchable_kernels()
     ccs = [cc for cc in (80, 89, 86) if ptx_jit.refusal(cc, cap, hip=False) is None]
     if len(ccs) < 2:
         pytest.skip(f"this GPU (sm{cap[0]}{cap[1]}) runs fewer than two sm_8x targets by PTX JIT")
     case = Case("c", 2, 16, rows=2048, topk=128, kv_format="fp8_ds_mla", holes=True)
     for cc in ccs + ccs[:1]:  # and back to the first
-        emu = ptx_jit.enable(cc, reset=kernels.JIT_KERNELS)
+        emu = ptx_jit.enable(cc, reset=kernels)
         try:
             ptx_jit.check_jit(emu, dev)
             res = run_case(case, dev, time_it=False)
             assert res.passed, (cc, res.err)
-            built = [
-                ptx_jit.describe(k) for kern in kernels.JIT_KERNELS for k in ptx_jit.loaded(kern)
-            ]
+            built = [ptx_jit.describe(k) for kern in kernels for k in ptx_jit.loaded(kern)]
             assert built and all(b.is_ptx and b.target == f"sm_{cc}" for b in built), (cc, built)
         finally:
             emu.disable()

@@ -454,7 +454,7 @@ def test_the_sm80_and_sm89_code_by_ptx_jit(cc, tile, tmp_path):
     the two-slot ring, and the one-slot ring in the tile it serves each (two 16-head programs
     per sm80 multiprocessor, 32 heads in an L40S's 99 KB)."""
     _needs_sm80()
-    from triton_mla_sparse.ops.sparse_mla import kernels, launch
+    from triton_mla_sparse.ops.sparse_mla import launch
     from triton_mla_sparse.testing import ptx_jit
 
     dev = torch.device("cuda")
@@ -470,7 +470,7 @@ def test_the_sm80_and_sm89_code_by_ptx_jit(cc, tile, tmp_path):
         AMPERE, block_h=bh, block_n=bn, num_warps=w, num_stages=ring, num_splits=3
     )
     kernel = launch.FORWARD[DS_MLA_AMPERE_GLUON]
-    emu = ptx_jit.enable(cc, str(tmp_path), reset=[kernel, *kernels.JIT_KERNELS])
+    emu = ptx_jit.enable(cc, str(tmp_path), reset=launch.launchable_kernels())
     try:
         ptx_jit.check_jit(emu, dev)
         _run_and_check(cache, idx, q, kw, cfg)

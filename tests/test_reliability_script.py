@@ -456,3 +456,43 @@ def test_ws_racecheck_probe_ring_compiles_the_hand_over():
     out, counts = _probe_compile_only("--regs", "--ring", "--default-warps", "8")
     assert "ring True" in out, out
     assert counts["mbarrier.arrive"] >= 2 and counts["st.shared"] >= 2, out
+
+
+def test_ds_step_scale_probe_changes_the_reference_scale_between_steps():
+    """benchmarks/reliability/ds_step_scale_probe.py's data gives consecutive 64-row steps
+    different largest scales, read back from the packed cache's own scale words (what the
+    warp-specialized kernel takes its per-step reference from), and its config plans to that
+    kernel on sm90: a step's reference read from the wrong slot would change the result."""
+    sys.path.insert(0, BENCH)
+    try:
+        import ds_step_scale_probe as probe
+    finally:
+        sys.path.remove(BENCH)
+    from triton_mla_sparse.kv_format import DS_MLA_NUM_SCALES, DS_MLA_SCALE_OFFSET
+    from triton_mla_sparse.ops.sparse_mla.plan import DS_MLA_GLUON_WS, make_plan
+    from triton_mla_sparse.ops.target import Arch
+
+    tokens, width = 4, 1024
+    q, cache, idx, _ = probe.make_problem(tokens, 64, width)
+    words = cache[:, DS_MLA_SCALE_OFFSET : DS_MLA_SCALE_OFFSET + 4 * DS_MLA_NUM_SCALES]
+    scales = words.contiguous().view(torch.float32).amax(-1)  # [num_rows]
+    assert (scales > 0).all()
+    valid = idx >= 0
+    per = torch.where(valid, scales[idx.clamp(min=0).long()], torch.zeros(()))
+    step_ref = per.view(tokens, width // probe.STEP, probe.STEP).amax(-1)
+    changed = step_ref[:, 1:] != step_ref[:, :-1]
+    assert int(changed.sum()) * 2 >= changed.numel(), step_ref
+    assert (~valid).any() and valid.float().mean() > 0.9
+    plan = make_plan(
+        num_tokens=tokens,
+        num_heads=64,
+        latent=512,
+        rope=64,
+        width=width,
+        dtype=q.dtype,
+        kv_format="fp8_ds_mla",
+        arch=Arch("cuda", 90, 132),
+        config=probe.WS_CONFIG,
+        on_gpu=True,
+    )
+    assert plan.family == DS_MLA_GLUON_WS

@@ -31,7 +31,10 @@ barrier; the default warps wait on it, read the vector, ``bar.sync`` among thems
 thread arrives on "empty", which the worker waits on before it writes the slot again: the
 hand-over of the DeepSeek-V4 kernel's mask ring before it was removed and of the fp8_ds_mla
 kernel's per-step reference scale. The default warps add up what they read; the result is
-checked, so a report with a correct result is about the tool's model of that ordering.
+checked, so a report with a correct result is about the tool's model of that ordering. On an
+H200 (docs/perf-log/37-gpu-check-h200.txt) the outputs are correct and racecheck reports 1100
+(Triton 3.6) / 1380 (3.8) potential RAW hazards between the worker's store and the default
+warps' load: it flags this ordering on a correct kernel.
 
 On a GPU the outputs are checked and the script exits 1 if one is wrong. ``--regs`` passes
 ``worker_num_regs`` (register reallocation, ``setmaxnreg``, as the sparse_mla kernels do;

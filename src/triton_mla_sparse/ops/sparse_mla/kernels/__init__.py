@@ -7,7 +7,9 @@
 - merge.py: the LSE merge of split partials;
 - shared.py: the jit pieces the families share.
 
-The plan (plan.py) names the family; launch.py looks it up in ``FORWARD``.
+The plan (plan.py) names the family; launch.py looks it up in ``FORWARD`` (the Gluon kernels
+beside these where the installed Triton has Gluon), and ``launch.launchable_kernels()`` lists
+every kernel a call can launch.
 """
 
 from .ds_mla import sparse_mla_ds_mla_fwd_kernel
@@ -15,17 +17,7 @@ from .ds_mla_v4 import sparse_mla_ds_mla_v4_fwd_kernel
 from .latent import sparse_mla_latent_fwd_kernel
 from .merge import sparse_mla_merge_kernel
 
-# every kernel sparse_mla launches: what must start afresh when the compile target changes in a
-# running process (each JITFunction keeps its compiled binaries per device, not per target)
-JIT_KERNELS = (
-    sparse_mla_latent_fwd_kernel,
-    sparse_mla_ds_mla_fwd_kernel,
-    sparse_mla_ds_mla_v4_fwd_kernel,
-    sparse_mla_merge_kernel,
-)
-
 __all__ = [
-    "JIT_KERNELS",
     "sparse_mla_ds_mla_fwd_kernel",
     "sparse_mla_ds_mla_v4_fwd_kernel",
     "sparse_mla_latent_fwd_kernel",
