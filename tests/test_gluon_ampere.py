@@ -47,11 +47,14 @@ AMPERE_LATENT = KernelConfig(16, 32, 4, 2, gluon="ampere")  # kv_format "auto"
 # the tiles the Triton kernel runs fp8_ds_mla in on sm80 / sm89 (heuristics.choose_config),
 # and one between
 TILES = [(16, 32, 4), (32, 32, 4), (64, 32, 8)]
+# the same head tiles with twice the warps (two per 16 head rows in a 32-head tile, four in a
+# 64-head one): a quarter to a half of each warp's registers and instructions per step
+WIDE_TILES = [(32, 32, 8), (64, 32, 16)]
 # 32 heads in 16-row steps: fits the 99 KB parts with two slots, in both formats
 N16_TILE = (32, 16, 4)
 # fp8_ds_mla with one raw-row slot: the tiles it lets the 99 KB parts hold (32 heads) or lets
 # two programs share an sm80 multiprocessor (16 heads), and the 64-head one
-RING1_TILES = [(16, 32, 4), (16, 16, 4), (32, 32, 4), (64, 32, 8)]
+RING1_TILES = [(16, 32, 4), (16, 16, 4), (32, 32, 4), (64, 32, 8), *WIDE_TILES]
 
 
 SM80 = Arch("cuda", 80, 108)
@@ -248,15 +251,15 @@ def test_compiles_for_sm80_to_sm90(tmp_path):
     )
     jobs = {}
     for cc in targets:
-        for bh, bn, w in [*TILES, N16_TILE]:
+        for bh, bn, w in [*TILES, *WIDE_TILES, N16_TILE]:
             tile = dict(base, arch=f"cuda:{cc}", block_h=bh, block_n=bn, num_warps=w)
-            jobs[f"{cc}-{bh}-{bn}-serving"] = dict(
+            jobs[f"{cc}-{bh}-{bn}-{w}-serving"] = dict(
                 tile, split=True, rope=64, has_counts=True, store_lse=True, sink=True
             )
-            jobs[f"{cc}-{bh}-{bn}-nope"] = dict(
+            jobs[f"{cc}-{bh}-{bn}-{w}-nope"] = dict(
                 tile, split=False, rope=0, has_counts=False, store_lse=False
             )
-            jobs[f"{cc}-{bh}-{bn}-auto"] = dict(
+            jobs[f"{cc}-{bh}-{bn}-{w}-auto"] = dict(
                 tile,
                 fmt="auto",
                 stage_dequant=False,
@@ -270,7 +273,7 @@ def test_compiles_for_sm80_to_sm90(tmp_path):
             )
         for bh, bn, w in RING1_TILES:
             tile = dict(base, arch=f"cuda:{cc}", block_h=bh, block_n=bn, num_warps=w)
-            jobs[f"{cc}-{bh}-{bn}-ring1"] = dict(
+            jobs[f"{cc}-{bh}-{bn}-{w}-ring1"] = dict(
                 tile, num_stages=1, split=True, rope=64, has_counts=True, store_lse=True, sink=True
             )
     here = Path(__file__).resolve().parent
@@ -445,14 +448,21 @@ def test_32_heads_in_16_row_steps_match_the_reference(
 @pytest.mark.skipif(not HAS_GPU, reason="Gluon kernels run on a GPU only")
 @pytest.mark.parametrize(
     "cc, tile",
-    [(80, (16, 32, 4, 2)), (89, (16, 32, 4, 2)), (80, (16, 32, 4, 1)), (89, (32, 32, 4, 1))],
+    [
+        (80, (16, 32, 4, 2)),
+        (89, (16, 32, 4, 2)),
+        (80, (16, 32, 4, 1)),
+        (89, (32, 32, 4, 1)),
+        (80, (64, 32, 16, 1)),
+        (89, (32, 32, 8, 1)),
+    ],
     ids=lambda x: "x".join(map(str, x)) if isinstance(x, tuple) else str(x),
 )
 def test_the_sm80_and_sm89_code_by_ptx_jit(cc, tile, tmp_path):
     """The code Triton builds for an A100 (the bit decode) and an L40S (the conversion
     instruction), loaded through the driver's JIT on this newer GPU, against the reference:
     the two-slot ring, and the one-slot ring in the tile it serves each (two 16-head programs
-    per sm80 multiprocessor, 32 heads in an L40S's 99 KB)."""
+    per sm80 multiprocessor, 32 heads in an L40S's 99 KB), also with twice the warps."""
     _needs_sm80()
     from triton_mla_sparse.ops.sparse_mla import launch
     from triton_mla_sparse.testing import ptx_jit

@@ -214,9 +214,12 @@ def gluon_tiles(c: Case) -> list[KernelConfig]:
 # the mma.sync Gluon kernels (KernelConfig.gluon="ampere"): their tiles (heads, rows, warps)
 # with two ring slots (KernelConfig.num_stages), the 16-row step bringing 32 heads into the 99
 # KB parts; and fp8_ds_mla's with one slot of raw rows, which fits a 32-head tile into 99 KB
-# and two 16-head programs into an sm80 multiprocessor (two 16-row ones into 99 KB)
-AMPERE_TILES = ((16, 32, 4), (32, 32, 4), (64, 32, 8), (32, 16, 4))
-AMPERE_RING1_TILES = ((16, 32, 4), (16, 16, 4), (32, 32, 4), (64, 32, 8))
+# and two 16-head programs into an sm80 multiprocessor (two 16-row ones into 99 KB); the 32-
+# and 64-head tiles also with twice the warps (two / four per 16 head rows: half the registers
+# and instructions per warp, twice the warps per scheduler in a program)
+AMPERE_WIDE_TILES = ((32, 32, 8), (64, 32, 16))
+AMPERE_TILES = ((16, 32, 4), (32, 32, 4), (64, 32, 8), (32, 16, 4), *AMPERE_WIDE_TILES)
+AMPERE_RING1_TILES = ((16, 32, 4), (16, 16, 4), (32, 32, 4), (64, 32, 8), *AMPERE_WIDE_TILES)
 
 
 def ampere_tiles(c: Case) -> list[KernelConfig]:
