@@ -48,8 +48,9 @@ AMPERE_LATENT = KernelConfig(16, 32, 4, 2, gluon="ampere")  # kv_format "auto"
 # and one between
 TILES = [(16, 32, 4), (32, 32, 4), (64, 32, 8)]
 # the same head tiles with twice the warps (two per 16 head rows in a 32-head tile, four in a
-# 64-head one): a quarter to a half of each warp's registers and instructions per step
-WIDE_TILES = [(32, 32, 8), (64, 32, 16)]
+# 64-head one): a quarter to a half of each warp's registers and instructions per step; and
+# 16 heads over 8 warps, in 32- and 64-row steps
+WIDE_TILES = [(32, 32, 8), (64, 32, 16), (16, 32, 8), (16, 64, 8)]
 # 32 heads in 16-row steps: fits the 99 KB parts with two slots, in both formats
 N16_TILE = (32, 16, 4)
 # fp8_ds_mla with one raw-row slot: the tiles it lets the 99 KB parts hold (32 heads) or lets

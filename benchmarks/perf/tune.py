@@ -216,8 +216,10 @@ def gluon_tiles(c: Case) -> list[KernelConfig]:
 # KB parts; and fp8_ds_mla's with one slot of raw rows, which fits a 32-head tile into 99 KB
 # and two 16-head programs into an sm80 multiprocessor (two 16-row ones into 99 KB); the 32-
 # and 64-head tiles also with twice the warps (two / four per 16 head rows: half the registers
-# and instructions per warp, twice the warps per scheduler in a program)
+# and instructions per warp, twice the warps per scheduler in a program); for calls of at most
+# 16 heads, 16-head tiles of 8 warps (the columns split eight ways), in 32- and 64-row steps
 AMPERE_WIDE_TILES = ((32, 32, 8), (64, 32, 16))
+AMPERE_WIDE16_TILES = ((16, 32, 8), (16, 64, 8))
 AMPERE_TILES = ((16, 32, 4), (32, 32, 4), (64, 32, 8), (32, 16, 4), *AMPERE_WIDE_TILES)
 AMPERE_RING1_TILES = ((16, 32, 4), (16, 16, 4), (32, 32, 4), (64, 32, 8), *AMPERE_WIDE_TILES)
 
@@ -229,9 +231,10 @@ def ampere_tiles(c: Case) -> list[KernelConfig]:
     arch = arch_of(torch.device("cuda"))
     base = triton_config(c, c.topk, arch)
     ds_mla = c.kv_format == "fp8_ds_mla"  # its tile dequantized with the fp16 fold
-    tiles = [(*t, 2) for t in AMPERE_TILES]
+    wide16 = AMPERE_WIDE16_TILES if c.heads <= 16 else ()
+    tiles = [(*t, 2) for t in (*AMPERE_TILES, *wide16)]
     if ds_mla:
-        tiles += [(*t, 1) for t in AMPERE_RING1_TILES]
+        tiles += [(*t, 1) for t in (*AMPERE_RING1_TILES, *wide16)]
     out = [base]
     for block_h, block_n, warps, ring in tiles:
         if block_h > 16 and c.heads <= 16:
