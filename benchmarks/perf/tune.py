@@ -393,13 +393,17 @@ SWEEPS = {
         gluon_tiles,
     ),
     # fp8_ds_mla and bf16 rows on the sm80 / sm89 paths (--arch) or this GPU: the Triton tile
-    # against the mma.sync Gluon kernels
+    # against the mma.sync Gluon kernels, decode and prefill (--tokens 4096)
     "ampere": (
         [
             Case(f"decode T={t} H={h}", t, h, kv_format=fmt)
             for fmt in ("fp8_ds_mla", "auto")
             for t in (128, 64, 16, 1)
             for h in (16, 64, 128)
+        ]
+        + [
+            Case("prefill T=4096 H=64", 4096, 64, rows=65536, kv_format=fmt)
+            for fmt in ("fp8_ds_mla", "auto")
         ],
         ampere_tiles,
     ),
