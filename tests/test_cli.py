@@ -434,6 +434,7 @@ def test_emulated_targets_one_after_another_in_one_process():
     not the binaries an earlier target left in the kernels' in-memory caches, and the kernels
     must pass the reference check under each."""
     from triton_mla_sparse.ops.sparse_mla import launch
+    from triton_mla_sparse.ops.sparse_mla.heuristics import AMPERE_GLUON_CCS
     from triton_mla_sparse.testing import ptx_jit
 
     dev = torch.device("cuda")
@@ -451,6 +452,8 @@ def test_emulated_targets_one_after_another_in_one_process():
             assert res.passed, (cc, res.err)
             built = [ptx_jit.describe(k) for kern in kernels for k in ptx_jit.loaded(kern)]
             assert built and all(b.is_ptx and b.target == f"sm_{cc}" for b in built), (cc, built)
+            if cc in AMPERE_GLUON_CCS:  # the path's default there: the mma.sync kernel
+                assert any("ampere_gluon" in b.name for b in built), (cc, built)
         finally:
             emu.disable()
 
