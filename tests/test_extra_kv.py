@@ -118,7 +118,7 @@ def test_extra_set_matches_reference(dtype, fmt, splits):
     idx, xidx = six_patterns(w, n, xw, xn, g)
     counts = torch.tensor([w, w, w + 9, w, w, 0], dtype=torch.int32, device=DEVICE)
     xcounts = torch.tensor([xw, I32_MAX, 0, xw, xw - 5, xw // 2], dtype=torch.int32)
-    cfg = config_for(t, h, w + xw, dtype, fmt, native, splits)
+    cfg = config_for(t, h, w + xw, dtype, fmt, native, splits, extra_set=True)
     kw = dict(valid_counts=counts, attn_sink=sinks(h, g))
     xkw = dict(valid_counts=xcounts.to(DEVICE))
     out, lse = run_extra(
@@ -158,7 +158,9 @@ def test_extra_equals_one_concatenated_list(fmt):
     cat_extra = torch.where(xpos[None, :] < xcounts[:, None], xshift, -1)
     cat = torch.cat([cat_main, cat_extra], dim=1).to(torch.int32)
     for splits in (1, 3):
-        cfg = dataclasses.replace(config_for(t, h, w + xw, dtype, fmt, native), num_splits=splits)
+        cfg = dataclasses.replace(
+            config_for(t, h, w + xw, dtype, fmt, native, extra_set=True), num_splits=splits
+        )
         got, lse = sparse_mla(
             q,
             cache,
@@ -260,7 +262,7 @@ def test_extra_block_table(dtype, fmt, main_table):
         idx = rand_indices(t, w, n, g)
     xkw = dict(block_table=xtable.to(DEVICE), block_size=xbs)
     for splits in (1, 3):
-        cfg = config_for(t, h, w + xw, dtype, fmt, native, splits, block_table=True)
+        cfg = config_for(t, h, w + xw, dtype, fmt, native, splits, block_table=True, extra_set=True)
         run_extra(q, cache, idx, xcache, xidx, dtype, fkw, cfg, kw=kw, xkw=xkw)
 
 
@@ -280,7 +282,7 @@ def test_sink_extremes_with_extra(fmt, splits):
     idx, xidx = rand_indices(t, w, n, g), rand_indices(t, xw, xn, g)
     idx[2], xidx[2] = -1, -1
     sink = torch.tensor([float("-inf"), float("inf"), 60.0, -60.0, 1e30, 0.0], device=DEVICE)
-    cfg = config_for(t, h, w + xw, dtype, fmt, native, splits)
+    cfg = config_for(t, h, w + xw, dtype, fmt, native, splits, extra_set=True)
     out, lse = run_extra(q, cache, idx, xcache, xidx, dtype, fkw, cfg, kw=dict(attn_sink=sink))
     assert (out[:, 1] == 0).all() and (out[:, 4] == 0).all()
     assert (out[2] == 0).all() and torch.isneginf(lse[2]).all()

@@ -28,6 +28,8 @@ from test_sparse_mla import assert_matches, poison_, poison_unused_rows_
 from triton_mla_sparse import KernelConfig, sparse_mla
 from triton_mla_sparse.ops.sparse_mla.heuristics import (
     AMPERE_GLUON_BLOCK_N,
+    AMPERE_GLUON_DS_RING,
+    AMPERE_GLUON_RING,
     TARGETS,
     Arch,
     ampere_gluon_smem,
@@ -174,13 +176,44 @@ def test_rows_default_on_sm89_at_16_heads(tokens, heads):
     assert (cfg.gluon, cfg.block_h, cfg.block_n, cfg.num_stages) == ("ampere", 16, 32, 2)
 
 
+@pytest.mark.parametrize("tokens", [1, 4, 15, 16, 64, 128])
+@pytest.mark.parametrize("heads", [8, 16])
+def test_default_on_sm90_at_16_heads(tokens, heads):
+    """sm90 with bf16 q and 16 heads or fewer: the mma.sync kernel in its 16-head tile, four
+    warps, 32-row steps, for fp8_ds_mla at 1-128 tokens (one slot of raw rows) and for rows in
+    q's dtype up to 16 tokens (two slots), split as the heuristics split that tile."""
+    arch = next(a for a in TARGETS if a.backend == "cuda" and a.cc == 90)
+    for fmt, family, ring in (
+        ("fp8_ds_mla", DS_MLA_AMPERE_GLUON, AMPERE_GLUON_DS_RING),
+        ("auto", LATENT_AMPERE_GLUON, AMPERE_GLUON_RING),
+    ):
+        plan = _default_plan(tokens, heads, arch, fmt=fmt)
+        cfg = plan.config
+        if fmt == "auto" and tokens > 16:
+            assert cfg.gluon != "ampere", (fmt, tokens)
+            continue
+        assert plan.family == family, (fmt, tokens)
+        assert (cfg.gluon, cfg.block_h, cfg.block_n, cfg.num_warps, cfg.num_stages) == (
+            "ampere",
+            16,
+            AMPERE_GLUON_BLOCK_N,
+            4,
+            ring,
+        ), fmt
+        splits = num_splits_for(tokens, 2048, cfg.block_n, arch.num_sms, 16)
+        assert cfg.num_splits == split_len_for(2048, splits, cfg.block_n)[1]
+
+
 @pytest.mark.parametrize(
     "why, cc, tokens, heads, kw",
     [
         ("256 tokens: not timed", 89, 256, 64, {}),
+        ("sm90, 32 heads: not timed", 90, 128, 32, {}),
+        ("sm90, 17 tokens of rows in q's dtype", 90, 17, 16, dict(fmt="auto")),
+        ("sm90, 16 heads in fp16", 90, 64, 16, dict(dtype=torch.float16)),
         ("prefill: not timed", 80, 4096, 64, {}),
         ("sm86: not timed", 86, 64, 64, {}),
-        ("sm90: its own kernels", 90, 64, 64, {}),
+        ("sm90, 64 heads: its own kernels", 90, 64, 64, {}),
         ("fp16 q", 80, 64, 64, dict(dtype=torch.float16)),
         ("rows in q's dtype on sm80", 80, 64, 16, dict(fmt="auto")),
         ("rows in q's dtype, 64 heads", 89, 64, 64, dict(fmt="auto")),

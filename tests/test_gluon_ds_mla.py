@@ -108,7 +108,7 @@ def test_gluon_refuses_what_it_does_not_run(why, kw, word):
 def test_heuristics_choose_it_where_timed(monkeypatch, version, ds_mla_form):
     """sm90 with bf16 q in fp8_ds_mla's folded 64 x 64 tile: the pipelined Gluon kernel under
     Triton 3.8 on, the warp-specialized one under 3.6 (each the faster there); never with fp16
-    q, on other targets, in 16-head tiles, where the caller says the call cannot run it
+    q, on other targets, at 16 heads (the mma.sync kernel's), where the caller says the call cannot run it
     (interpreter, unaligned cache), with a block table or an extra set. The V4 record's 64-head
     tiles (from 16 tokens): the warp-specialized kernel under either; its 16-head tiles keep
     the Triton kernel."""
@@ -122,7 +122,8 @@ def test_heuristics_choose_it_where_timed(monkeypatch, version, ds_mla_form):
     for kw in (dict(block_table=True), dict(extra_set=True), dict(gluon=False)):
         assert choose_config(128, 64, 2048, torch.bfloat16, "fp8_ds_mla", SM90, **kw).gluon is None
     assert choose_config(128, 64, 2048, torch.float16, "fp8_ds_mla", SM90).gluon is None
-    assert choose_config(128, 16, 2048, torch.bfloat16, "fp8_ds_mla", SM90).gluon is None
+    # 16 heads or fewer: the mma.sync kernel's 16-head tile (tests/test_gluon_ampere.py)
+    assert choose_config(128, 16, 2048, torch.bfloat16, "fp8_ds_mla", SM90).gluon == "ampere"
     for cc in (80, 89, 100, 120):  # sm80 / sm89: the mma.sync kernel (tests/test_gluon_ampere.py)
         arch = Arch("cuda", cc, 132)
         form = choose_config(128, 64, 2048, torch.bfloat16, "fp8_ds_mla", arch).gluon

@@ -122,13 +122,35 @@ def interleaved_paged(cache: torch.Tensor, page: int, layers: int = 3, layer: in
 
 
 def config_for(
-    t, h, w, dtype, fmt, native, splits=None, loop=None, block_table=False
+    t,
+    h,
+    w,
+    dtype,
+    fmt,
+    native,
+    splits=None,
+    loop=None,
+    block_table=False,
+    extra_set=False,
+    gluon=True,
 ) -> KernelConfig:
     """The heuristic's configuration, with fp8_native and (optionally) the split count and the
-    gather loop (``LOOPS``: indices a step ahead, with two gather buffers) forced."""
-    # a forced integer decode runs the Triton kernels (the Gluon ones convert e4m3 in hardware)
+    gather loop (``LOOPS``: indices a step ahead, with two gather buffers) forced.
+    ``block_table`` / ``extra_set``: the call has them (the heuristics choose by both);
+    ``gluon`` False for a call no Gluon kernel runs (a kv_lora_rank other than 512, a cache
+    not 16-byte aligned)."""
+    # a forced integer decode or step-ahead loop runs the Triton kernels (the Gluon ones convert
+    # e4m3 in hardware and have rings of their own)
     cfg = choose_config(
-        t, h, w, dtype, fmt, arch_of(DEVICE), block_table=block_table, gluon=native is not False
+        t,
+        h,
+        w,
+        dtype,
+        fmt,
+        arch_of(DEVICE),
+        block_table=block_table,
+        extra_set=extra_set,
+        gluon=gluon and native is not False and not loop,
     )
     cfg = dataclasses.replace(cfg, fp8_native=native)
     if splits is not None:
@@ -240,7 +262,7 @@ def test_small_rank(dtype):
     idx = rand_indices(t, w, n, g)
     for fmt in ("auto", "fp8"):
         cache, fkw = make_cache(rows, fmt, dtype)
-        cfg = config_for(t, h, w, dtype, fmt, None)
+        cfg = config_for(t, h, w, dtype, fmt, None, gluon=False)  # kv_lora_rank 128
         run_case(q, cache, idx, dtype, fkw, cfg, kv_lora_rank=lr)
 
 
@@ -258,7 +280,7 @@ def test_narrow_rank_split_writes_only_its_columns(dtype, lr, fmt):
     q = randn(t, h, lr + rr, g=g, dtype=dtype)
     cache, fkw = make_cache(randn(n, lr + rr, g=g), fmt, dtype)
     idx = rand_indices(t, w, n, g)
-    cfg = dataclasses.replace(config_for(t, h, w, dtype, fmt, None), num_splits=4)
+    cfg = dataclasses.replace(config_for(t, h, w, dtype, fmt, None, gluon=False), num_splits=4)
     ref_out, ref_lse = reference(q, cache, idx, kv_lora_rank=lr, **fkw)
     wide = poison_(torch.empty(t, h, lr + 64, dtype=dtype, device=DEVICE))
     out = wide[..., :lr]
@@ -511,7 +533,7 @@ def test_strided_flat_cache(dtype):
     q = randn(t, h, D, g=g, dtype=dtype)
     clean = randn(n, D, g=g, dtype=dtype)
     idx = rand_indices(t, w, n, g)
-    cfg = config_for(t, h, w, dtype, "auto", None)
+    cfg = config_for(t, h, w, dtype, "auto", None, gluon=False)  # rows not 16-byte aligned
     wide = poison_(torch.empty(n, D + 200, dtype=dtype, device=DEVICE))
     wide[:, 100 : 100 + D] = clean
     run_case(q, wide[:, 100 : 100 + D], idx, dtype, {"kv_format": "auto"}, cfg, ref_cache=clean)

@@ -134,6 +134,11 @@ GLUON_TIMED_TOKENS = (64, 128)
 # dequantized: faster than two slots in every tile timed, and it fits 32 heads into 99 KB),
 # rows in q's dtype with two.
 AMPERE_GLUON_CCS = (80, 89)
+# sm90 (the H200 natively): the mma.sync kernel in its 16-head tile beat the Triton kernel and
+# the wgmma Gluon kernels for calls of at most this many heads, fp8_ds_mla at 1-128 tokens and
+# rows in q's dtype up to SHORT_DECODE_TOKENS tokens (ampere_gluon_config).
+AMPERE_GLUON_NARROW_CCS = (90,)
+AMPERE_GLUON_NARROW_HEADS = 16
 AMPERE_GLUON_BLOCK_N = 32
 AMPERE_GLUON_TOKENS = (1, 128)
 AMPERE_GLUON_DS_RING = 1
@@ -439,7 +444,8 @@ def ampere_gluon_config(
 ) -> KernelConfig | None:
     """The mma.sync Gluon kernel's configuration (KernelConfig.gluon="ampere") for a call, or
     None: bf16 q, no block table or extra set, decode of 1-128 tokens (AMPERE_GLUON_TOKENS), on
-    the paths where it was timed faster than the Triton kernel.
+    the paths where it was timed faster than the Triton kernel (sm80 and sm89 by PTX JIT; sm90
+    at 16 heads or fewer).
 
     Timed on an H200 as sm80's and sm89's code by PTX JIT, Triton 3.8 (`tune.py --only ampere
     --arch sm80|sm89 --tokens 128,64,16,1`, docs/perf-log/35-ampere-ring-h200.txt; every row
@@ -460,21 +466,48 @@ def ampere_gluon_config(
       tokens, 53.6 / 63.0 at 64, 18.4 / 20.9 at 16, 7.2 / 8.1 at 1. Elsewhere the rows' kernel
       was within 5% of the Triton kernel or slower at 64-128 tokens, so the Triton kernel stays.
 
+    sm90 natively, Triton 3.8, the previous defaults' tree against this one in one run
+    (`benchmarks/perf/compare_trees.py`, docs/perf-log/39-sm90-mma-sync-h200.txt), at 16 heads
+    or fewer (AMPERE_GLUON_NARROW_HEADS) in the 16-head tile:
+
+    - fp8_ds_mla, one slot, 1-128 tokens, 8 / 16 heads: 119.2 / 121.3 against the Triton
+      kernel's 158.5 / 161.0 at 128 tokens, 62.8 / 64.9 against 83.8 / 86.5 at 64, 19.3 / 20.4
+      against 24.8 / 27.3 at 16, 9.9 / 10.8 against 11.3 / 14.1 at 4, 7.6 / 8.3 against 8.2 /
+      8.6 at 1 (under Triton 3.6 the same within 2%).
+    - rows in q's dtype, two slots, up to SHORT_DECODE_TOKENS tokens: 17.1 / 18.6 against 18.3 /
+      20.7 at 16 tokens, 8.9 / 10.9 against 9.5 / 11.1 at 4, 6.3 / 7.3 against 6.8 / 7.6 at 1
+      (under 3.6 within 2% either way). At 64-128 tokens the Triton kernel stayed the fastest
+      in `tune.py --only ampere` (52.9 / 94.2 us at 16 heads), and above 16 heads sm90's own
+      kernels did.
+
     sm86 and sm120 (the sm80 and sm89 instruction sets with 99 KB), prefill and fp16 q were not
     timed and keep the Triton kernel. Under Triton 3.6 only fp8_ds_mla's two-slot kernel was
     timed, faster than the Triton kernel at 64-128 tokens as under 3.8
     (docs/perf-log/33-gluon-defaults-h200.txt).
     """
+    if arch.backend != "cuda":
+        return None
+    cc = int(arch.cc)
+    narrow = cc in AMPERE_GLUON_NARROW_CCS
     if not (
-        arch.backend == "cuda"
-        and int(arch.cc) in AMPERE_GLUON_CCS
+        (cc in AMPERE_GLUON_CCS or narrow)
         and dtype == torch.bfloat16
         and AMPERE_GLUON_TOKENS[0] <= num_tokens <= AMPERE_GLUON_TOKENS[1]
         and not (block_table or extra_set)
     ):
         return None
     ds_mla = kv_format == "fp8_ds_mla"
-    if ds_mla:
+    if narrow:
+        if num_heads > AMPERE_GLUON_NARROW_HEADS:
+            return None
+        if ds_mla:
+            ring = AMPERE_GLUON_DS_RING
+        elif kv_format == "auto" and num_tokens <= SHORT_DECODE_TOKENS:
+            ring = AMPERE_GLUON_RING
+        else:
+            return None
+        block_h = AMPERE_GLUON_NARROW_HEADS
+    elif ds_mla:
         ring = AMPERE_GLUON_DS_RING
         block_h = 16
         for wider in (32, 64):
@@ -486,7 +519,7 @@ def ampere_gluon_config(
                 block_h = wider
         if num_tokens < SHORT_DECODE_TOKENS:
             block_h = max(16, block_h // 2)
-    elif kv_format == "auto" and int(arch.cc) == 89 and num_heads <= 16:
+    elif kv_format == "auto" and cc == 89 and num_heads <= 16:
         ring, block_h = AMPERE_GLUON_RING, 16
     else:
         return None
