@@ -11,7 +11,8 @@ job's target.
 Usage: ``python aot_compile.py JOBS.json RESULTS.json``. A job is a dict with keys ``arch``
 (``"cuda:90"`` / ``"hip:gfx942"``), ``dtype``, ``fmt``, ``block_h``, ``block_n``, ``num_warps``,
 ``num_stages``, ``split``, ``rope``, ``has_counts``, ``has_bt``, ``store_lse`` and optionally
-``stage_dequant``, ``idx_ahead``, ``fp16_mma``, ``e4m3_decode``, ``fp16_fold``, ``sink`` (an attention sink) and ``extra`` (a
+``stage_dequant``, ``idx_ahead``, ``fp16_mma``, ``e4m3_decode``, ``fp16_fold``, ``gluon``,
+``max_registers``, ``sink`` (an attention sink) and ``extra`` (a
 second index set in the same softmax: ``"flat"`` rows, ``"paged"`` pages of another size, or
 ``"bt"`` through its own block table; with counts when ``has_counts``); fmt ``fp8_ds_mla_v4``
 takes rope 0 (the V4 record is one 512-wide row in paged 584-byte records); an indexer job has ``op`` ``"indexer_paged"`` /
@@ -187,6 +188,8 @@ def _record(job: dict) -> list:
         flags["fp16_fold"] = True
     if job.get("gluon"):
         flags["gluon"] = job["gluon"]
+    if job.get("max_registers"):
+        flags["max_registers"] = job["max_registers"]
     cfg = KernelConfig(
         job["block_h"],
         job["block_n"],
@@ -273,7 +276,8 @@ def _specialize(value):
 
 def _source(fn, args, kwargs):
     """(ASTSource, options) for one recorded call, specialised as Triton's runtime would."""
-    options = {k: kwargs.pop(k) for k in ("num_warps", "num_stages", "launch_pdl") if k in kwargs}
+    launch_options = ("num_warps", "num_stages", "launch_pdl", "maxnreg")
+    options = {k: kwargs.pop(k) for k in launch_options if k in kwargs}
     bound = inspect.signature(fn.fn).bind(*args, **kwargs)
     signature, constexprs, attrs = {}, {}, {}
     for i, p in enumerate(fn.params):

@@ -277,6 +277,8 @@ def test_config_label():
     # the fold is a configuration field: sanitizer and tune logs name it as bench does
     folded = KernelConfig(64, 64, 8, 2, 1, stage_dequant=True, fp16_fold=True)
     assert config_label(folded) == "h64 n64 w8 s2 k1 +st +f16fold"
+    capped = KernelConfig(16, 16, 4, 1, 2, gluon="ampere", max_registers=168)
+    assert config_label(capped) == "h16 n16 w4 s1 k2 +gluon:ampere +maxreg168"
     gluon = dataclasses.replace(folded, num_stages=1, gluon="specialized")
     assert config_label(gluon) == "h64 n64 w8 s1 k1 +st +f16fold +gluon:specialized"
 

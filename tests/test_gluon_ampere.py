@@ -344,6 +344,51 @@ def test_compiles_for_sm80_to_sm90(cc, tmp_path):
         assert ("fp8_ds_mla", 32, 32, 1) in fits
 
 
+def test_a_register_cap_reaches_ptxas(tmp_path):
+    """KernelConfig.max_registers compiles into the kernel's PTX as ``.maxnreg`` (ptxas's cap),
+    and only where given: fp8_ds_mla's one-slot 16-row tile for sm90, capped and not."""
+    tile = dict(
+        arch="cuda:90",
+        dtype="bf16",
+        fmt="fp8_ds_mla",
+        block_h=16,
+        block_n=16,
+        num_warps=4,
+        num_stages=1,
+        stage_dequant=True,
+        fp16_mma=True,
+        fp16_fold=True,
+        gluon="ampere",
+        has_bt=False,
+        split=True,
+        rope=64,
+        has_counts=True,
+        store_lse=True,
+    )
+    jobs = {"capped": dict(tile, max_registers=168), "uncapped": tile}
+    here = Path(__file__).resolve().parent
+    (tmp_path / "jobs.json").write_text(json.dumps(jobs))
+    (tmp_path / "asm").mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(here.parent / "src"), env.get("PYTHONPATH", "")])
+    env["TMS_ASM_DIR"] = str(tmp_path / "asm")
+    subprocess.run(
+        [sys.executable, str(here / "aot_compile.py"), "jobs.json", "out.json"],
+        cwd=tmp_path,
+        env=env,
+        check=True,
+        timeout=900,
+    )
+    results = json.loads((tmp_path / "out.json").read_text())
+    for key in jobs:
+        assert "error" not in results[key]["sparse_mla_ds_mla_ampere_gluon_kernel"], results[key]
+    # the split pass is the launcher's first kernel (.1), the merge its second
+    capped = (tmp_path / "asm" / "capped.1.ptx").read_text()
+    uncapped = (tmp_path / "asm" / "uncapped.1.ptx").read_text()
+    assert ".maxnreg 168" in capped
+    assert ".maxnreg" not in uncapped
+
+
 def test_two_one_slot_16_head_programs_share_an_sm80_multiprocessor():
     """With one raw-row slot two 16-head fp8_ds_mla programs fit an sm80 multiprocessor (164
     KB, 1 KB reserved per program); with two slots they do not."""
@@ -449,6 +494,40 @@ def test_one_slot_ring_matches_the_reference(tile, tokens, heads, width, splits,
         num_stages=1,
         num_splits=splits,
         fp8_native=native,
+    )
+    cache, idx, q, kw = _problem(tokens, heads, width, page, rope, sink, g)
+    _run_and_check(cache, idx, q, kw, cfg)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_GPU, reason="Gluon kernels run on a GPU only")
+@pytest.mark.parametrize(
+    "tile, cap",
+    [((16, 16, 4), 168), ((16, 16, 4), 128), ((16, 32, 8), 128)],
+    ids=["16x16x4-168", "16x16x4-128", "16x32x8-128"],
+)
+@pytest.mark.parametrize(SCENARIO_ARGS, SCENARIOS[:3])
+def test_register_caps_match_the_reference(
+    tile, cap, tokens, heads, width, splits, page, rope, sink
+):
+    """The one-slot fp8_ds_mla kernel under the register caps `tune.py --only ampere-regs`
+    times (KernelConfig.max_registers; at 128 the 16-row tile spills), in this GPU's e4m3
+    decode."""
+    _needs_sm80()
+    native = torch.cuda.get_device_capability() >= (8, 9)
+    g = torch.Generator().manual_seed(tokens * 11 + page + rope + sink + cap)
+    bh, bn, w = tile
+    if not _fits_this_gpu(bh, bn, 1):
+        pytest.skip("this tile needs more than this GPU's shared memory")
+    cfg = dataclasses.replace(
+        AMPERE,
+        block_h=bh,
+        block_n=bn,
+        num_warps=w,
+        num_stages=1,
+        num_splits=splits,
+        fp8_native=native,
+        max_registers=cap,
     )
     cache, idx, q, kw = _problem(tokens, heads, width, page, rope, sink, g)
     _run_and_check(cache, idx, q, kw, cfg)

@@ -412,3 +412,47 @@ def test_v4_head_blocks_stay_where_the_compilers_do_not_spill():
         assert (
             choose_config(128, 64, 2048, torch.bfloat16, "fp8_ds_mla", arch).block_h >= cfg.block_h
         )
+
+
+@pytest.mark.parametrize(
+    "cap, arch, on_gpu, words",
+    [
+        (0, H200, True, "from 32 to 255"),
+        (256, H200, True, "from 32 to 255"),
+        (True, H200, True, "from 32 to 255"),
+        (168.0, H200, True, "from 32 to 255"),
+        (168, H200, False, "interpreter"),
+        (168, next(a for a in TARGETS if a.backend == "hip"), True, "hip target"),
+    ],
+)
+def test_register_caps_that_cannot_apply_are_refused(cap, arch, on_gpu, words):
+    """KernelConfig.max_registers is ptxas's cap: an int in its range, NVIDIA, compiled."""
+    cfg = KernelConfig(16, 32, 4, 2, max_registers=cap)
+    with pytest.raises(ValueError, match="max_registers") as e:
+        plan_for(4, 16, 2048, arch=arch, config=cfg, on_gpu=on_gpu)
+    assert words in str(e.value)
+
+
+def test_a_register_cap_reaches_the_launch(monkeypatch):
+    """The cap goes to the split pass's launch as Triton's ``maxnreg``; none without it."""
+    launch = launch_mod
+    seen = []
+
+    class Kernel:
+        def __getitem__(self, grid):
+            return lambda *a, **kw: seen.append(kw)
+
+    fake = Kernel()
+    monkeypatch.setattr(launch, "FORWARD", {family: fake for family in launch.FORWARD})
+    monkeypatch.setattr(launch, "sparse_mla_merge_kernel", fake)
+    q = torch.zeros(2, 16, 576, dtype=torch.bfloat16)
+    cache = torch.zeros(64, 576, dtype=torch.bfloat16)
+    idx = torch.zeros(2, 64, dtype=torch.int32)
+    out = torch.zeros(2, 16, 512, dtype=torch.bfloat16)
+    for cap in (None, 168):
+        seen.clear()
+        cfg = KernelConfig(16, 32, 4, 2, num_splits=1, max_registers=cap)
+        plan = plan_for(2, 16, 64, config=cfg)
+        args = (cache, idx, None, None, None, None, 1.0, out, None, 0.1)
+        launch.launch_sparse_mla(plan, q[..., :512], q[..., 512:], *args)
+        assert seen[0].get("maxnreg") == cap and seen[0]["num_warps"] == 4

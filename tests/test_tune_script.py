@@ -8,7 +8,7 @@ import json
 import pytest
 from conftest import load_script
 
-from triton_mla_sparse.ops.sparse_mla.heuristics import ampere_gluon_smem
+from triton_mla_sparse.ops.sparse_mla.heuristics import ampere_gluon_smem, choose_config
 from triton_mla_sparse.ops.sparse_mla.plan import make_plan
 from triton_mla_sparse.ops.target import TARGETS
 
@@ -232,3 +232,26 @@ def test_ampere_sweep_plans_on_the_path(tune, monkeypatch, cc):
         for cfg in cfgs:
             plan = plan_of(case, cfg, arch)
             assert (plan.family in AMPERE_FAMILIES) == (cfg.gluon == "ampere")
+
+
+def test_register_cap_sweep_plans_on_sm90(tune, monkeypatch):
+    """Each case times sm90's default first, then the mma.sync kernel's 16-head tiles, uncapped
+    and under the caps that raise their programs per multiprocessor, each a plan that runs."""
+    from triton_mla_sparse.ops.sparse_mla.plan import AMPERE_FAMILIES
+
+    arch = next(a for a in TARGETS if a.backend == "cuda" and a.cc == 90)
+    monkeypatch.setattr(tune, "arch_of", lambda device: arch)
+    cases, configs = tune.SWEEPS["ampere-regs"]
+    for case in cases:
+        cfgs = configs(case)
+        assert cfgs[0] == choose_config(
+            case.tokens, case.heads, case.topk, case.dtype, case.kv_format, arch
+        )
+        rest = cfgs[1:]
+        assert rest and all(c.gluon == "ampere" and c.block_h == 16 for c in rest)
+        assert {c.max_registers for c in rest} == {None, 168, 128}
+        assert len(set(rest)) == len(rest) and cfgs[0] not in rest
+        for cfg in cfgs:
+            plan = plan_of(case, cfg, arch)
+            assert (plan.family in AMPERE_FAMILIES) == (cfg.gluon == "ampere")
+            assert plan.config.max_registers == cfg.max_registers

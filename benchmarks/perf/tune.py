@@ -1,6 +1,6 @@
 """Sweep launch configurations for key shapes on the GPU: check each against the reference, time it.
 
-    python benchmarks/perf/tune.py [--only mem,mma,small,ds,occ,ds-mma,e4m3,stage,v4,gluon,gluon-bf16,ampere] [--out DIR]
+    python benchmarks/perf/tune.py [--only mem,mma,small,ds,occ,ds-mma,e4m3,stage,v4,gluon,gluon-bf16,ampere,ampere-regs] [--out DIR]
         [--arch sm80|sm86|sm89] [--tokens 64,128] [--max-seconds S]
 
 Prints one line per configuration and the best per case; writes every row, with the ceilings
@@ -258,6 +258,46 @@ def ampere_tiles(c: Case) -> list[KernelConfig]:
     return out
 
 
+# The mma.sync kernels' 16-head tiles (calls of at most 16 heads) under register caps
+# (KernelConfig.max_registers) that let more programs share an sm90 multiprocessor, compiled
+# for sm90 in docs/perf-log/40-ampere-regs-sass.txt: fp8_ds_mla's 4-warp 16-row tile holds
+# 204 registers uncapped (two programs per multiprocessor), capped at 168 three (no spill), at
+# 128 four (40 bytes of spills); the 8-warp 32-row tile 164 (one program), capped at 128 two (no
+# spill); the 4-warp 32-row default is bound to two by its 75.5 KB of shared memory, so a cap
+# changes nothing there (timed uncapped, as the reference). Each at the heuristics' split
+# count and at twice it (programs for the extra slots). fp8_ds_mla with one slot, rows in q's
+# dtype with two.
+AMPERE_REG_TILES = (((16, 32, 4), ()), ((16, 16, 4), (168, 128)), ((16, 32, 8), (128,)))
+
+
+def ampere_reg_tiles(c: Case) -> list[KernelConfig]:
+    """The path's default, then the mma.sync kernel's 16-head tiles uncapped and under the
+    register caps that raise their programs per multiprocessor."""
+    arch = arch_of(torch.device("cuda"))
+    out = [choose_config(c.tokens, c.heads, c.topk, c.dtype, c.kv_format, arch)]
+    ds_mla = c.kv_format == "fp8_ds_mla"
+    ring = 1 if ds_mla else 2
+    for (block_h, block_n, warps), caps in AMPERE_REG_TILES:
+        if ampere_gluon_smem(block_h, block_n, ring, c.kv_format) > arch.smem_bytes:
+            continue
+        splits = num_splits_for(c.tokens, c.topk, block_n, arch.num_sms, block_h)
+        for k, cap in itertools.product(sorted({splits, 2 * splits}), (None, *caps)):
+            cfg = KernelConfig(
+                block_h,
+                block_n,
+                warps,
+                ring,
+                num_splits=k,
+                stage_dequant=ds_mla,
+                fp16_fold=ds_mla,
+                gluon="ampere",
+                max_registers=cap,
+            )
+            if cfg != out[0]:
+                out.append(cfg)
+    return out
+
+
 def grid(block_h, block_n, warps, stages, splits, **extra):
     combos = itertools.product(block_h, block_n, warps, stages, splits)
     return [KernelConfig(*c, **extra) for c in combos]
@@ -406,6 +446,16 @@ SWEEPS = {
             for fmt in ("fp8_ds_mla", "auto")
         ],
         ampere_tiles,
+    ),
+    # fp8_ds_mla and bf16 rows at 16 heads: the mma.sync kernels' 16-head tiles under register
+    # caps (more programs per multiprocessor), on this GPU or a path (--arch)
+    "ampere-regs": (
+        [
+            Case(f"decode T={t} H=16", t, 16, kv_format=fmt)
+            for fmt in ("fp8_ds_mla", "auto")
+            for t in (128, 64, 16, 1)
+        ],
+        ampere_reg_tiles,
     ),
     # fp8_ds_mla and DeepSeek-V4 in 64-head folded tiles: indices a step ahead or not
     "ahead": (

@@ -73,7 +73,8 @@ def config_label(cfg: KernelConfig) -> str:
     ``+ia`` indices one step ahead, ``+st`` staged fp8 dequantization, ``-pdl`` the merge
     launched without programmatic dependence, ``+f16fold`` fp16 MMAs with the scales folded
     into the tile (KernelConfig.fp16_fold), ``+gluon:<form>`` the Gluon kernel of that form
-    (KernelConfig.gluon: the sm90 kernels, or "ampere", the mma.sync ones)."""
+    (KernelConfig.gluon: the sm90 kernels, or "ampere", the mma.sync ones), ``+maxreg<N>`` a
+    register cap (KernelConfig.max_registers)."""
     label = f"h{cfg.block_h} n{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages} k{cfg.num_splits}"
     if cfg.idx_ahead:
         label += " +ia"
@@ -85,6 +86,8 @@ def config_label(cfg: KernelConfig) -> str:
         label += " +f16fold"
     if cfg.gluon:
         label += f" +gluon:{cfg.gluon}"
+    if cfg.max_registers is not None:
+        label += f" +maxreg{cfg.max_registers}"
     return label
 
 

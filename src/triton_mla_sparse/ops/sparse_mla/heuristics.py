@@ -100,6 +100,10 @@ class KernelConfig:
     # tiles in multiples of 16 rows. None: the Triton kernel. The default where timed faster
     # (gluon_form_for).
     gluon: str | None = None
+    # NVIDIA: the most registers per thread ptxas may give the split pass's kernel (Triton's
+    # `maxnreg`), so that more programs share a multiprocessor; None: the compiler's choice
+    # (every default). For timing occupancy against the instructions and spills a cap costs.
+    max_registers: int | None = None
 
 
 # KernelConfig.e4m3_decode's values, and the form every path takes where no measurement chose

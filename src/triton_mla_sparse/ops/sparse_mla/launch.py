@@ -214,6 +214,7 @@ def launch_sparse_mla(
         **plan.constexprs,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
+        **({"maxnreg": cfg.max_registers} if cfg.max_registers is not None else {}),
     )
     m = plan.merge
     if m is not None:

@@ -301,6 +301,30 @@ def check_config(cfg: KernelConfig, kv_format: str, has_bt: bool) -> None:
         )
 
 
+# KernelConfig.max_registers: the range ptxas's register cap is meaningful in (a thread
+# addresses at most 255 registers; below 32 nothing of these kernels fits without spilling)
+MAX_REGISTERS_RANGE = (32, 255)
+
+
+def check_max_registers(cfg: KernelConfig, arch: Arch, on_gpu: bool) -> None:
+    """Refuse a register cap that cannot apply: ptxas's option (NVIDIA, compiled kernels)."""
+    cap = cfg.max_registers
+    if cap is None:
+        return
+    lo, hi = MAX_REGISTERS_RANGE
+    if isinstance(cap, bool) or not isinstance(cap, int) or not lo <= cap <= hi:
+        raise ValueError(
+            f"config {cfg} asks for max_registers={cap!r}: an int from {lo} to {hi} registers "
+            "per thread, or None (the compiler's choice)"
+        )
+    if not on_gpu or arch.backend != "cuda":
+        where = "Triton's interpreter" if not on_gpu else f"{arch.backend} target {arch.cc}"
+        raise ValueError(
+            f"config {cfg} asks for max_registers={cap}, a cap for NVIDIA's ptxas, under "
+            f"{where}: pass max_registers=None there"
+        )
+
+
 def check_e4m3_decode(cfg: KernelConfig, arch: Arch, on_gpu: bool) -> None:
     """Refuse a packed e4m3 decode where it cannot run: it is inline PTX (no interpreter, no
     AMD) and replaces the integer decode, which runs only without hardware fp8. ``cfg`` has
@@ -420,6 +444,7 @@ def make_plan(
         ),
     )
     check_e4m3_decode(cfg, arch, on_gpu)
+    check_max_registers(cfg, arch, on_gpu)
     if cfg.gluon:
         family = _check_gluon(cfg, kv_format, dtype, arch, latent, has_bt, has_extra, on_gpu)
     num_hb = -(-num_heads // cfg.block_h)
