@@ -305,6 +305,9 @@ def test_compiles_for_sm80_to_sm90(cc, tmp_path):
     for bh, bn, w in RING1_TILES:
         tile = dict(base, block_h=bh, block_n=bn, num_warps=w)
         jobs[f"{bh}-{bn}-{w}-ring1"] = dict(tile, num_stages=1, **serving)
+    # q's RoPE part in registers (KernelConfig.q_rope_in_registers), the 16-head one-slot tile
+    qr = dict(base, block_h=16, block_n=32, num_warps=4, num_stages=1, q_rope_in_registers=True)
+    jobs["16-32-4-ring1qr"] = dict(qr, **serving)
     here = Path(__file__).resolve().parent
     (tmp_path / "jobs.json").write_text(json.dumps(jobs))
     (tmp_path / "asm").mkdir()
@@ -326,12 +329,15 @@ def test_compiles_for_sm80_to_sm90(cc, tmp_path):
         kernel = res[f"sparse_mla_{family}_ampere_gluon_kernel"]
         assert "error" not in kernel, (key, kernel)
         bh, bn = (int(x) for x in key.split("-")[:2])
-        ring = 1 if key.endswith("ring1") else 2
+        ring = 1 if "ring1" in key else 2
         fmt = "auto" if family == "latent" else "fp8_ds_mla"
         if key.endswith("nope"):
             continue
         # RoPE 64, as the estimate assumes (DeepSeek-V3.2's rows)
-        assert kernel["shared"] == ampere_gluon_smem(bh, bn, ring, fmt), (key, kernel)
+        qr = key.endswith("qr")
+        assert kernel["shared"] == ampere_gluon_smem(bh, bn, ring, fmt, qr), (key, kernel)
+        if qr:
+            continue
         if kernel["shared"] <= limit:
             fits.add((fmt, bh, bn, ring))
     for fmt in ("auto", "fp8_ds_mla"):
@@ -503,16 +509,17 @@ def test_one_slot_ring_matches_the_reference(tile, tokens, heads, width, splits,
 @pytest.mark.skipif(not HAS_GPU, reason="Gluon kernels run on a GPU only")
 @pytest.mark.parametrize(
     "tile, cap",
-    [((16, 16, 4), 168), ((16, 16, 4), 128), ((16, 32, 8), 128)],
-    ids=["16x16x4-168", "16x16x4-128", "16x32x8-128"],
+    [((16, 16, 4), 168), ((16, 16, 4), 128), ((16, 32, 8), 128), ((16, 32, 4), 168)],
+    ids=["16x16x4-168", "16x16x4-128", "16x32x8-128", "16x32x4-168-qrreg"],
 )
 @pytest.mark.parametrize(SCENARIO_ARGS, SCENARIOS[:3])
 def test_register_caps_match_the_reference(
     tile, cap, tokens, heads, width, splits, page, rope, sink
 ):
     """The one-slot fp8_ds_mla kernel under the register caps `tune.py --only ampere-regs`
-    times (KernelConfig.max_registers; at 128 the 16-row tile spills), in this GPU's e4m3
-    decode."""
+    times (KernelConfig.max_registers; at 128 the 16-row tile spills), the 32-row tile with q's
+    RoPE part in registers (KernelConfig.q_rope_in_registers), in this GPU's e4m3 decode; the
+    RoPE-less scenario too."""
     _needs_sm80()
     native = torch.cuda.get_device_capability() >= (8, 9)
     g = torch.Generator().manual_seed(tokens * 11 + page + rope + sink + cap)
@@ -528,6 +535,7 @@ def test_register_caps_match_the_reference(
         num_splits=splits,
         fp8_native=native,
         max_registers=cap,
+        q_rope_in_registers=bn == 32,  # the 32-row tile's three-programs form
     )
     cache, idx, q, kw = _problem(tokens, heads, width, page, rope, sink, g)
     _run_and_check(cache, idx, q, kw, cfg)

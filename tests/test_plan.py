@@ -456,3 +456,21 @@ def test_a_register_cap_reaches_the_launch(monkeypatch):
         args = (cache, idx, None, None, None, None, 1.0, out, None, 0.1)
         launch.launch_sparse_mla(plan, q[..., :512], q[..., 512:], *args)
         assert seen[0].get("maxnreg") == cap and seen[0]["num_warps"] == 4
+
+
+def test_q_rope_in_registers_is_the_mma_sync_ds_mla_kernels_alone():
+    """KernelConfig.q_rope_in_registers reaches the mma.sync fp8_ds_mla kernel as QR_REGS and is
+    refused for every other kernel."""
+    ampere = KernelConfig(
+        16, 32, 4, 1, stage_dequant=True, fp16_fold=True, gluon="ampere", q_rope_in_registers=True
+    )
+    plan = plan_for(4, 16, 2048, fmt="fp8_ds_mla", config=ampere)
+    assert plan.constexprs["QR_REGS"] is True
+    off = dataclasses.replace(ampere, q_rope_in_registers=False)
+    assert plan_for(4, 16, 2048, fmt="fp8_ds_mla", config=off).constexprs["QR_REGS"] is False
+    for fmt, cfg in (
+        ("fp8_ds_mla", KernelConfig(16, 32, 4, 2, stage_dequant=True, q_rope_in_registers=True)),
+        ("auto", KernelConfig(16, 32, 4, 2, gluon="ampere", q_rope_in_registers=True)),
+    ):
+        with pytest.raises(ValueError, match="q_rope_in_registers"):
+            plan_for(4, 16, 2048, fmt=fmt, config=cfg)

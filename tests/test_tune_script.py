@@ -250,6 +250,14 @@ def test_register_cap_sweep_plans_on_sm90(tune, monkeypatch):
         rest = cfgs[1:]
         assert rest and all(c.gluon == "ampere" and c.block_h == 16 for c in rest)
         assert {c.max_registers for c in rest} == {None, 168, 128}
+        qr = [c for c in rest if c.q_rope_in_registers]
+        if case.kv_format == "fp8_ds_mla":  # the 32-row tile, three programs per multiprocessor
+            assert qr and all((c.block_n, c.max_registers) == (32, 168) for c in qr)
+            assert 3 * (ampere_gluon_smem(16, 32, 1, q_rope_in_registers=True) + 1024) <= (
+                228 * 1024
+            )
+        else:
+            assert not qr
         assert len(set(rest)) == len(rest) and cfgs[0] not in rest
         for cfg in cfgs:
             plan = plan_of(case, cfg, arch)

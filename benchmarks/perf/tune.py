@@ -268,11 +268,15 @@ def ampere_tiles(c: Case) -> list[KernelConfig]:
 # count and at twice it (programs for the extra slots). fp8_ds_mla with one slot, rows in q's
 # dtype with two.
 AMPERE_REG_TILES = (((16, 32, 4), ()), ((16, 16, 4), (168, 128)), ((16, 32, 8), (128,)))
+# fp8_ds_mla's 32-row default with q's RoPE part in registers (KernelConfig.q_rope_in_registers):
+# 73.5 KB, so at 168 registers (no spill) three programs per sm90 multiprocessor
+AMPERE_QR_REG_TILES = (((16, 32, 4), 168),)
 
 
 def ampere_reg_tiles(c: Case) -> list[KernelConfig]:
     """The path's default, then the mma.sync kernel's 16-head tiles uncapped and under the
-    register caps that raise their programs per multiprocessor."""
+    register caps that raise their programs per multiprocessor (fp8_ds_mla's 32-row tile with
+    q's RoPE part in registers too)."""
     arch = arch_of(torch.device("cuda"))
     out = [choose_config(c.tokens, c.heads, c.topk, c.dtype, c.kv_format, arch)]
     ds_mla = c.kv_format == "fp8_ds_mla"
@@ -295,6 +299,23 @@ def ampere_reg_tiles(c: Case) -> list[KernelConfig]:
             )
             if cfg != out[0]:
                 out.append(cfg)
+    for (block_h, block_n, warps), cap in AMPERE_QR_REG_TILES if ds_mla else ():
+        splits = num_splits_for(c.tokens, c.topk, block_n, arch.num_sms, block_h)
+        for k in sorted({splits, 2 * splits}):
+            out.append(
+                KernelConfig(
+                    block_h,
+                    block_n,
+                    warps,
+                    ring,
+                    num_splits=k,
+                    stage_dequant=True,
+                    fp16_fold=True,
+                    gluon="ampere",
+                    max_registers=cap,
+                    q_rope_in_registers=True,
+                )
+            )
     return out
 
 

@@ -74,7 +74,8 @@ def config_label(cfg: KernelConfig) -> str:
     launched without programmatic dependence, ``+f16fold`` fp16 MMAs with the scales folded
     into the tile (KernelConfig.fp16_fold), ``+gluon:<form>`` the Gluon kernel of that form
     (KernelConfig.gluon: the sm90 kernels, or "ampere", the mma.sync ones), ``+maxreg<N>`` a
-    register cap (KernelConfig.max_registers)."""
+    register cap (KernelConfig.max_registers), ``+qrreg`` q's RoPE part in registers
+    (KernelConfig.q_rope_in_registers)."""
     label = f"h{cfg.block_h} n{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages} k{cfg.num_splits}"
     if cfg.idx_ahead:
         label += " +ia"
@@ -88,6 +89,8 @@ def config_label(cfg: KernelConfig) -> str:
         label += f" +gluon:{cfg.gluon}"
     if cfg.max_registers is not None:
         label += f" +maxreg{cfg.max_registers}"
+    if cfg.q_rope_in_registers:
+        label += " +qrreg"
     return label
 
 

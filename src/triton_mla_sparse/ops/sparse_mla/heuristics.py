@@ -104,6 +104,11 @@ class KernelConfig:
     # `maxnreg`), so that more programs share a multiprocessor; None: the compiler's choice
     # (every default). For timing occupancy against the instructions and spills a cap costs.
     max_registers: int | None = None
+    # The mma.sync fp8_ds_mla kernel (gluon="ampere"): q's RoPE part held as the rope MMA's
+    # operand in registers for the whole walk instead of in shared memory (BLOCK_H x 64 x 2
+    # bytes less, a few more registers), so that with max_registers its 16-head one-slot tile
+    # fits three programs into an sm90 multiprocessor. For timing; False in every default.
+    q_rope_in_registers: bool = False
 
 
 # KernelConfig.e4m3_decode's values, and the form every path takes where no measurement chose
@@ -486,7 +491,7 @@ def ampere_gluon_config(
 
     sm86 and sm120 (the sm80 and sm89 instruction sets with 99 KB), prefill and fp16 q were not
     timed and keep the Triton kernel. Under Triton 3.6 only fp8_ds_mla's two-slot kernel was
-    timed, faster than the Triton kernel at 64-128 tokens as under 3.8
+    timed on the sm80 / sm89 paths, faster than the Triton kernel at 64-128 tokens as under 3.8
     (docs/perf-log/33-gluon-defaults-h200.txt).
     """
     if arch.backend != "cuda":
@@ -541,16 +546,23 @@ def ampere_gluon_config(
     )
 
 
-def ampere_gluon_smem(block_h: int, block_n: int, ring: int, kv_format: str = "fp8_ds_mla") -> int:
+def ampere_gluon_smem(
+    block_h: int,
+    block_n: int,
+    ring: int,
+    kv_format: str = "fp8_ds_mla",
+    q_rope_in_registers: bool = False,
+) -> int:
     """Bytes of shared memory a mma.sync Gluon kernel (kernels/ampere_gluon.py) takes in a tile
     of ``block_h`` heads and ``block_n`` rows with ``ring`` slots of gathered rows
     (KernelConfig.num_stages). fp8_ds_mla: q in fp16 and its RoPE part, the raw rows with their
     four fp32 scales per slot, two slots of RoPE values, the fp16 K tile; rows in q's 16-bit
     dtype (kv_format "auto"): q, and the rows the MMAs read where they land. Both: the scratch
     of P's layout conversion. tests/test_gluon_ampere.py checks it against the compiler's
-    figure."""
+    figure. ``q_rope_in_registers``: q's RoPE part is not in shared memory
+    (KernelConfig.q_rope_in_registers)."""
     latent, rope, scale_bytes = 512, 64, 4 * 4
-    q = block_h * (latent + rope) * 2
+    q = block_h * (latent + (0 if q_rope_in_registers else rope)) * 2
     scratch = block_h * block_n * 2
     if kv_format == "auto":
         return q + ring * block_n * (latent + rope) * 2 + scratch

@@ -282,6 +282,12 @@ def check_config(cfg: KernelConfig, kv_format: str, has_bt: bool) -> None:
             f"config {cfg} asks for fp16_fold=True with fp16_mma=False: the fold in q's dtype "
             "is what fp16_mma=False already runs; pass one of the two"
         )
+    if cfg.q_rope_in_registers and not (cfg.gluon == "ampere" and kv_format == "fp8_ds_mla"):
+        raise ValueError(
+            f"config {cfg} asks for q_rope_in_registers=True, which applies to the mma.sync "
+            f"fp8_ds_mla kernel (gluon='ampere', kv_format='fp8_ds_mla') only (got "
+            f"gluon={cfg.gluon!r}, kv_format={kv_format!r})"
+        )
     decode = cfg.e4m3_decode
     if decode is not None and decode not in E4M3_DECODES:
         raise ValueError(
@@ -485,6 +491,7 @@ def make_plan(
             constexprs["E4M3_DECODE"] = E4M3_DECODE_CONSTEXPR[cfg.e4m3_decode]
         if family == DS_MLA_AMPERE_GLUON:
             constexprs["RING"] = cfg.num_stages
+            constexprs["QR_REGS"] = cfg.q_rope_in_registers
     merge = None
     if split:
         s_pad = 1 << (num_splits - 1).bit_length()

@@ -156,6 +156,7 @@ def sparse_mla_ds_mla_ampere_gluon_kernel(
     EXTRA_BT_SHIFT: gl.constexpr,
     EXTRA_PAGE_SHIFT: gl.constexpr,
     RING: gl.constexpr,
+    QR_REGS: gl.constexpr,
 ):
 
     gl.static_assert(L == 512, "fp8_ds_mla's 512 NoPE values")
@@ -199,7 +200,12 @@ def sparse_mla_ds_mla_ampere_gluon_kernel(
         o_rq = gl.arange(0, R, layout=gl.SliceLayout(0, Q_LAYOUT))
         p_qr = Q_rope + i_t * stride_qrt + o_hq.to(gl.int64)[:, None] * stride_qrh
         b_qr = gl.load(p_qr + o_rq[None, :] * stride_qrd, mask=m_hq[:, None], other=0.0)
-        qr_s = gl.allocate_shared_memory(Q_rope.dtype.element_ty, [BLOCK_H, R], OP_SMEM, b_qr)
+        if QR_REGS:
+            # the rope product's A operand held in registers for the whole walk (its shared
+            # memory freed: KernelConfig.q_rope_in_registers)
+            b_qra = gl.convert_layout(b_qr, A_OP)
+        else:
+            qr_s = gl.allocate_shared_memory(Q_rope.dtype.element_ty, [BLOCK_H, R], OP_SMEM, b_qr)
 
     # the ring (RING slots of raw rows and scales, two of RoPE values: QK^T reads those from
     # the ring after the next step's gather is issued) and the dequantized K tile
@@ -334,7 +340,8 @@ def sparse_mla_ds_mla_ampere_gluon_kernel(
         b_s = b_sn * b_ref_new
         if R > 0:
             b_sr = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=MMA)
-            b_qra = qr_s.load(A_OP)
+            if not QR_REGS:
+                b_qra = qr_s.load(A_OP)
             b_krb = rope_ring.index(r_slot).permute((1, 0)).load(B_OP)
             b_sr = mma_v2(b_qra, b_krb.to(b_qra.dtype), b_sr)
             b_s = b_s + b_sr
