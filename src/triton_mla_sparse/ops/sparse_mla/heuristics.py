@@ -482,7 +482,8 @@ def ampere_gluon_config(
     - fp8_ds_mla, one slot, 1-128 tokens, 8 / 16 heads: 119.2 / 121.3 against the Triton
       kernel's 158.5 / 161.0 at 128 tokens, 62.8 / 64.9 against 83.8 / 86.5 at 64, 19.3 / 20.4
       against 24.8 / 27.3 at 16, 9.9 / 10.8 against 11.3 / 14.1 at 4, 7.6 / 8.3 against 8.2 /
-      8.6 at 1 (under Triton 3.6 the same within 2%).
+      8.6 at 1 (under Triton 3.6 the same direction: 0.76-0.78x the Triton kernel's time at
+      16-128 tokens, 0.92-0.93x at 1).
     - rows in q's dtype, two slots, up to SHORT_DECODE_TOKENS tokens: 17.1 / 18.6 against 18.3 /
       20.7 at 16 tokens, 8.9 / 10.9 against 9.5 / 11.1 at 4, 6.3 / 7.3 against 6.8 / 7.6 at 1
       (under 3.6 within 2% either way). At 64-128 tokens the Triton kernel stayed the fastest
