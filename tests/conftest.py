@@ -7,7 +7,9 @@ so setting it here, before any test runs, is enough.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
@@ -25,6 +27,27 @@ DTYPES = [torch.float16, torch.float32] + ([torch.bfloat16] if HAS_GPU else [])
 
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def compile_ahead(jobs: dict, workdir: Path, asm_dir: Path | None = None) -> dict:
+    """Compile ``jobs`` (tests/aot_compile.py's job dicts by key) ahead of time in a fresh
+    process under the installed Triton, without the interpreter; return its results by key.
+    ``asm_dir``: where it writes each kernel's PTX (TMS_ASM_DIR)."""
+    here = Path(__file__).resolve().parent
+    (workdir / "jobs.json").write_text(json.dumps(jobs))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(here.parent / "src"), env.get("PYTHONPATH", "")])
+    if asm_dir is not None:
+        asm_dir.mkdir(exist_ok=True)
+        env["TMS_ASM_DIR"] = str(asm_dir)
+    subprocess.run(
+        [sys.executable, str(here / "aot_compile.py"), "jobs.json", "out.json"],
+        cwd=workdir,
+        env=env,
+        check=True,
+        timeout=900,
+    )
+    return json.loads((workdir / "out.json").read_text())
 
 
 def load_script(relpath: str, name: str):

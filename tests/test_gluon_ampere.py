@@ -13,15 +13,10 @@ bit decode sm80 / sm86 run); on an sm90 GPU the sm80 and sm89 code too, by PTX J
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
-from conftest import DEVICE, HAS_GPU
+from conftest import DEVICE, HAS_GPU, compile_ahead
 from test_gluon_ds_mla import _cache
 from test_sparse_mla import assert_matches, poison_, poison_unused_rows_
 
@@ -308,20 +303,7 @@ def test_compiles_for_sm80_to_sm90(cc, tmp_path):
     # q's RoPE part in registers (KernelConfig.q_rope_in_registers), the 16-head one-slot tile
     qr = dict(base, block_h=16, block_n=32, num_warps=4, num_stages=1, q_rope_in_registers=True)
     jobs["16-32-4-ring1qr"] = dict(qr, **serving)
-    here = Path(__file__).resolve().parent
-    (tmp_path / "jobs.json").write_text(json.dumps(jobs))
-    (tmp_path / "asm").mkdir()
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(here.parent / "src"), env.get("PYTHONPATH", "")])
-    env["TMS_ASM_DIR"] = str(tmp_path / "asm")
-    subprocess.run(
-        [sys.executable, str(here / "aot_compile.py"), "jobs.json", "out.json"],
-        cwd=tmp_path,
-        env=env,
-        check=True,
-        timeout=900,
-    )
-    results = json.loads((tmp_path / "out.json").read_text())
+    results = compile_ahead(jobs, tmp_path, tmp_path / "asm")
     assert set(results) == set(jobs)
     fits = set()
     for key, res in results.items():
@@ -372,20 +354,7 @@ def test_a_register_cap_reaches_ptxas(tmp_path):
         store_lse=True,
     )
     jobs = {"capped": dict(tile, max_registers=168), "uncapped": tile}
-    here = Path(__file__).resolve().parent
-    (tmp_path / "jobs.json").write_text(json.dumps(jobs))
-    (tmp_path / "asm").mkdir()
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(here.parent / "src"), env.get("PYTHONPATH", "")])
-    env["TMS_ASM_DIR"] = str(tmp_path / "asm")
-    subprocess.run(
-        [sys.executable, str(here / "aot_compile.py"), "jobs.json", "out.json"],
-        cwd=tmp_path,
-        env=env,
-        check=True,
-        timeout=900,
-    )
-    results = json.loads((tmp_path / "out.json").read_text())
+    results = compile_ahead(jobs, tmp_path, tmp_path / "asm")
     for key in jobs:
         assert "error" not in results[key]["sparse_mla_ds_mla_ampere_gluon_kernel"], results[key]
     # the split pass is the launcher's first kernel (.1), the merge its second

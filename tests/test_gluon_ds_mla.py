@@ -10,15 +10,10 @@ token with no valid index, valid counts, a sink, splits, paged caches, NoPE.
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
-from conftest import DEVICE, HAS_GPU
+from conftest import DEVICE, HAS_GPU, compile_ahead
 from test_sparse_mla import assert_matches, poison_, poison_unused_rows_
 
 from triton_mla_sparse import KernelConfig, pack_fp8_ds_mla, sparse_mla, sparse_mla_plan
@@ -180,18 +175,7 @@ def test_gluon_kernel_compiles_for_sm90(tmp_path):
         jobs[f"v4-{v4_form}-extra-paged"] = dict(v4f, split=False, extra="paged")
         jobs[f"v4-{v4_form}-extra-bt-split"] = dict(v4f, split=True, extra="bt", has_bt=True)
         jobs[f"v4-{v4_form}-plain"] = dict(v4f, split=False, sink=False, has_counts=False)
-    here = Path(__file__).resolve().parent
-    (tmp_path / "jobs.json").write_text(json.dumps(jobs))
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(here.parent / "src"), env.get("PYTHONPATH", "")])
-    subprocess.run(
-        [sys.executable, str(here / "aot_compile.py"), "jobs.json", "out.json"],
-        cwd=tmp_path,
-        env=env,
-        check=True,
-        timeout=900,
-    )
-    results = json.loads((tmp_path / "out.json").read_text())
+    results = compile_ahead(jobs, tmp_path)
     for key, res in results.items():
         family = "ds_mla_v4" if key.startswith("v4") else "ds_mla"
         form = "ws_kernel" if "specialized" in key else "kernel"

@@ -11,15 +11,10 @@ paged caches, NoPE.
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
-from conftest import HAS_GPU
+from conftest import HAS_GPU, compile_ahead
 from test_gluon_ampere import SCENARIO_ARGS, SCENARIOS, check_latent_rows
 
 from triton_mla_sparse import KernelConfig
@@ -118,18 +113,8 @@ def test_compiles_for_sm90(tmp_path):
         "plain": dict(base, split=False, rope=64, has_counts=False, store_lse=False),
         "nope": dict(base, split=False, rope=0, has_counts=True, store_lse=True),
     }
-    here = Path(__file__).resolve().parent
-    (tmp_path / "jobs.json").write_text(json.dumps(jobs))
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(here.parent / "src"), env.get("PYTHONPATH", "")])
-    subprocess.run(
-        [sys.executable, str(here / "aot_compile.py"), "jobs.json", "out.json"],
-        cwd=tmp_path,
-        env=env,
-        check=True,
-        timeout=900,
-    )
-    for key, res in json.loads((tmp_path / "out.json").read_text()).items():
+    results = compile_ahead(jobs, tmp_path)
+    for key, res in results.items():
         kernel = res["sparse_mla_latent_sm90_gluon_kernel"]
         assert "error" not in kernel, (key, kernel)
         assert kernel["shared"] <= SM90_SMEM, (key, kernel)

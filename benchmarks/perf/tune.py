@@ -278,14 +278,18 @@ def ampere_reg_tiles(c: Case) -> list[KernelConfig]:
     register caps that raise their programs per multiprocessor (fp8_ds_mla's 32-row tile with
     q's RoPE part in registers too)."""
     arch = arch_of(torch.device("cuda"))
-    out = [choose_config(c.tokens, c.heads, c.topk, c.dtype, c.kv_format, arch)]
+    default = choose_config(c.tokens, c.heads, c.topk, c.dtype, c.kv_format, arch)
     ds_mla = c.kv_format == "fp8_ds_mla"
     ring = 1 if ds_mla else 2
-    for (block_h, block_n, warps), caps in AMPERE_REG_TILES:
-        if ampere_gluon_smem(block_h, block_n, ring, c.kv_format) > arch.smem_bytes:
+    # (tile, register cap, q's RoPE part in registers)
+    variants = [(t, cap, False) for t, caps in AMPERE_REG_TILES for cap in (None, *caps)]
+    variants += [(t, cap, True) for t, cap in AMPERE_QR_REG_TILES if ds_mla]
+    out = [default]
+    for (block_h, block_n, warps), cap, qr in variants:
+        if ampere_gluon_smem(block_h, block_n, ring, c.kv_format, qr) > arch.smem_bytes:
             continue
         splits = num_splits_for(c.tokens, c.topk, block_n, arch.num_sms, block_h)
-        for k, cap in itertools.product(sorted({splits, 2 * splits}), (None, *caps)):
+        for k in sorted({splits, 2 * splits}):
             cfg = KernelConfig(
                 block_h,
                 block_n,
@@ -296,26 +300,10 @@ def ampere_reg_tiles(c: Case) -> list[KernelConfig]:
                 fp16_fold=ds_mla,
                 gluon="ampere",
                 max_registers=cap,
+                q_rope_in_registers=qr,
             )
-            if cfg != out[0]:
+            if cfg != default:
                 out.append(cfg)
-    for (block_h, block_n, warps), cap in AMPERE_QR_REG_TILES if ds_mla else ():
-        splits = num_splits_for(c.tokens, c.topk, block_n, arch.num_sms, block_h)
-        for k in sorted({splits, 2 * splits}):
-            out.append(
-                KernelConfig(
-                    block_h,
-                    block_n,
-                    warps,
-                    ring,
-                    num_splits=k,
-                    stage_dequant=True,
-                    fp16_fold=True,
-                    gluon="ampere",
-                    max_registers=cap,
-                    q_rope_in_registers=True,
-                )
-            )
     return out
 
 
