@@ -253,6 +253,10 @@ def test_register_cap_sweep_plans_on_sm90(tune, monkeypatch):
         qr = [c for c in rest if c.q_rope_in_registers]
         if case.kv_format == "fp8_ds_mla":  # the 32-row tile, three programs per multiprocessor
             assert qr and all((c.block_n, c.max_registers) == (32, 168) for c in qr)
+            # the heuristics' split count, one and a half times it (a grid with a third
+            # program per multiprocessor) and twice it
+            k = min(c.num_splits for c in qr)
+            assert sorted(c.num_splits for c in qr) == sorted({k, (3 * k + 1) // 2, 2 * k})
             assert 3 * (ampere_gluon_smem(16, 32, 1, q_rope_in_registers=True) + 1024) <= (
                 228 * 1024
             )

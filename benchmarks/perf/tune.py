@@ -265,8 +265,10 @@ def ampere_tiles(c: Case) -> list[KernelConfig]:
 # 128 four (40 bytes of spills); the 8-warp 32-row tile 164 (one program), capped at 128 two (no
 # spill); the 4-warp 32-row default is bound to two by its 75.5 KB of shared memory, so a cap
 # changes nothing there (timed uncapped, as the reference). Each at the heuristics' split
-# count and at twice it (programs for the extra slots). fp8_ds_mla with one slot, rows in q's
-# dtype with two.
+# count, at one and a half times it and at twice it: at 128 x 16 the default split makes 256
+# programs, about two per multiprocessor, so a third or fourth program per multiprocessor only
+# runs if the grid has that many (docs/perf-log/41-ampere-regs-h200.txt timed the first and
+# the last only). fp8_ds_mla with one slot, rows in q's dtype with two.
 AMPERE_REG_TILES = (((16, 32, 4), ()), ((16, 16, 4), (168, 128)), ((16, 32, 8), (128,)))
 # fp8_ds_mla's 32-row default with q's RoPE part in registers (KernelConfig.q_rope_in_registers):
 # 73.5 KB, so at 168 registers (no spill) three programs per sm90 multiprocessor
@@ -289,7 +291,7 @@ def ampere_reg_tiles(c: Case) -> list[KernelConfig]:
         if ampere_gluon_smem(block_h, block_n, ring, c.kv_format, qr) > arch.smem_bytes:
             continue
         splits = num_splits_for(c.tokens, c.topk, block_n, arch.num_sms, block_h)
-        for k in sorted({splits, 2 * splits}):
+        for k in sorted({splits, (3 * splits + 1) // 2, 2 * splits}):
             cfg = KernelConfig(
                 block_h,
                 block_n,
