@@ -44,6 +44,11 @@ from .ds_mla_sm90_gluon import (
 )
 
 K_SLICE = gl.constexpr(64)  # latent columns per QK^T product
+# mma.sync products into one accumulator form one dependent chain, each waiting for the last:
+# QK^T keeps at least this many independent accumulators per warp (its 8-column tiles times
+# the interleaved latent slices), so that a 16-head tile's warp, one 8-column tile wide, does
+# not walk the 512-wide latent as a single chain of 32 products
+QK_MIN_CHAINS = gl.constexpr(4)
 # the packed decode's fp16 values are e4m3's times 2^-8 (bias 7 against fp16's 15)
 E4M3_BIAS_FIX = gl.constexpr(256.0)
 
@@ -66,6 +71,45 @@ def _e4m3_to_f16(b_u8, NATIVE: gl.constexpr):
             pack=E4M3_PACK,
         )
     return b_h
+
+
+@gluon.jit
+def _qk_nope(
+    q_s,
+    k_s,
+    BLOCK_H: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    L: gl.constexpr,
+    CHAINS: gl.constexpr,
+    MMA: gl.constexpr,
+    A_OP: gl.constexpr,
+    B_OP: gl.constexpr,
+):
+    # q [BLOCK_H, L] x k [BLOCK_N, L]^T from shared memory over K_SLICE-wide slices of the
+    # latent, slice k into accumulator k % CHAINS, summed at the end
+    gl.static_assert(CHAINS == 1 or CHAINS == 2 or CHAINS == 4, "1, 2 or 4 chains")
+    gl.static_assert((L // K_SLICE) % CHAINS == 0, "whole slices per chain")
+    b_s0 = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=MMA)
+    b_s1 = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=MMA)
+    b_s2 = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=MMA)
+    b_s3 = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=MMA)
+    for k in gl.static_range(L // K_SLICE):
+        b_qa = q_s.slice(k * K_SLICE, K_SLICE, dim=1).load(A_OP)
+        b_kb = k_s.slice(k * K_SLICE, K_SLICE, dim=1).permute((1, 0)).load(B_OP)
+        if k % CHAINS == 0:
+            b_s0 = mma_v2(b_qa, b_kb, b_s0)
+        elif k % CHAINS == 1:
+            b_s1 = mma_v2(b_qa, b_kb, b_s1)
+        elif k % CHAINS == 2:
+            b_s2 = mma_v2(b_qa, b_kb, b_s2)
+        else:
+            b_s3 = mma_v2(b_qa, b_kb, b_s3)
+    b_s = b_s0
+    if CHAINS > 1:
+        b_s = b_s + b_s1
+    if CHAINS > 2:
+        b_s = b_s + (b_s2 + b_s3)
+    return b_s
 
 
 @gluon.jit
@@ -169,6 +213,11 @@ def sparse_mla_ds_mla_ampere_gluon_kernel(
     # the columns; S [BLOCK_H, BLOCK_N] and O [BLOCK_H, L] in the same arrangement
     WARPS_M: gl.constexpr = gl.num_warps() if gl.num_warps() < BLOCK_H // 16 else BLOCK_H // 16
     WARPS_N: gl.constexpr = gl.num_warps() // WARPS_M
+    # the latent slices' accumulators QK^T interleaves (1, 2 or 4): with the warp's 8-column
+    # tiles of S, QK_MIN_CHAINS independent chains (written out here: Triton 3.6 does not take
+    # a constexpr returned by a helper)
+    N_TILES: gl.constexpr = BLOCK_N // (8 * WARPS_N) if BLOCK_N >= 8 * WARPS_N else 1
+    QK_CHAINS: gl.constexpr = QK_MIN_CHAINS // N_TILES if N_TILES < QK_MIN_CHAINS else 1
     MMA: gl.constexpr = gl.NVMMADistributedLayout(
         version=[2, 0], warps_per_cta=[WARPS_M, WARPS_N], instr_shape=[16, 8]
     )
@@ -332,11 +381,7 @@ def sparse_mla_ds_mla_ampere_gluon_kernel(
 
         # QK^T: the NoPE product in fp16 (units of the reference) over 64-wide slices of the
         # latent, the rope product in its own accumulator
-        b_sn = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=MMA)
-        for k in gl.static_range(L // K_SLICE):
-            b_qa = q_s.slice(k * K_SLICE, K_SLICE, dim=1).load(A_OP)
-            b_kb = k_s.slice(k * K_SLICE, K_SLICE, dim=1).permute((1, 0)).load(B_OP)
-            b_sn = mma_v2(b_qa, b_kb, b_sn)
+        b_sn = _qk_nope(q_s, k_s, BLOCK_H, BLOCK_N, L, QK_CHAINS, MMA, A_OP, B_OP)
         b_s = b_sn * b_ref_new
         if R > 0:
             b_sr = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=MMA)
@@ -553,6 +598,11 @@ def sparse_mla_latent_ampere_gluon_kernel(
 
     WARPS_M: gl.constexpr = gl.num_warps() if gl.num_warps() < BLOCK_H // 16 else BLOCK_H // 16
     WARPS_N: gl.constexpr = gl.num_warps() // WARPS_M
+    # the latent slices' accumulators QK^T interleaves (1, 2 or 4): with the warp's 8-column
+    # tiles of S, QK_MIN_CHAINS independent chains (written out here: Triton 3.6 does not take
+    # a constexpr returned by a helper)
+    N_TILES: gl.constexpr = BLOCK_N // (8 * WARPS_N) if BLOCK_N >= 8 * WARPS_N else 1
+    QK_CHAINS: gl.constexpr = QK_MIN_CHAINS // N_TILES if N_TILES < QK_MIN_CHAINS else 1
     MMA: gl.constexpr = gl.NVMMADistributedLayout(
         version=[2, 0], warps_per_cta=[WARPS_M, WARPS_N], instr_shape=[16, 8]
     )
@@ -645,16 +695,14 @@ def sparse_mla_latent_ampere_gluon_kernel(
         _BARRIER()
 
         # QK^T over 64-wide slices of the latent, then the rope
-        b_s = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=MMA)
         k_slot = nope_ring.index(slot)
-        for k in gl.static_range(L // K_SLICE):
-            b_qa = q_s.slice(k * K_SLICE, K_SLICE, dim=1).load(A_OP)
-            b_kb = k_slot.slice(k * K_SLICE, K_SLICE, dim=1).permute((1, 0)).load(B_OP)
-            b_s = mma_v2(b_qa, b_kb, b_s)
+        b_s = _qk_nope(q_s, k_slot, BLOCK_H, BLOCK_N, L, QK_CHAINS, MMA, A_OP, B_OP)
         if R > 0:
+            # the rope product in its own accumulator, beside the NoPE chains
             b_qra = qr_s.load(A_OP)
             b_krb = rope_ring.index(slot).permute((1, 0)).load(B_OP)
-            b_s = mma_v2(b_qra, b_krb, b_s)
+            b_sr = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=MMA)
+            b_s = b_s + mma_v2(b_qra, b_krb, b_sr)
 
         m_s = gl.convert_layout(m_n, gl.SliceLayout(0, MMA))
         b_s = gl.where(m_s[None, :], b_s * qk_scale, float("-inf"))
