@@ -223,6 +223,19 @@ def sparse_mla_ds_mla_ampere_gluon_kernel(
     )
     A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
     B_OP: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
+    # S after QK^T where all warps share 16 head rows (WARPS_M 1): exchanged once between the
+    # warps that computed its columns, so that every warp holds whole rows (the layout repeats
+    # over the head rows), runs the online softmax without cross-warp reductions and gives P to
+    # PV from registers (4 of the step's 12 barriers fewer, docs/perf-log/44-s-rows-sass.txt).
+    # Where warps also split the head rows the MMA layout stays (the exchange compiled to more
+    # barriers there).
+    S_ROWS: gl.constexpr = (
+        gl.NVMMADistributedLayout(
+            version=[2, 0], warps_per_cta=[gl.num_warps(), 1], instr_shape=[16, 8]
+        )
+        if WARPS_M == 1
+        else MMA
+    )
     NOPE_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 16], [2, 16], [gl.num_warps(), 1], [1, 0])
     SCALE_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 1], [8, 4], [gl.num_warps(), 1], [1, 0])
     ROPE_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
@@ -268,8 +281,8 @@ def sparse_mla_ds_mla_ampere_gluon_kernel(
     )
     qk_scale = sm_scale * LOG2E
 
-    b_m = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(1, MMA))
-    b_l = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(1, MMA))
+    b_m = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(1, S_ROWS))
+    b_l = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(1, S_ROWS))
     b_o = gl.zeros([BLOCK_H, L], gl.float32, layout=MMA)
     b_ref = 1.0
 
@@ -392,7 +405,8 @@ def sparse_mla_ds_mla_ampere_gluon_kernel(
             b_s = b_s + b_sr
 
         # the online softmax step over the valid rows (their validity kept from the gather)
-        m_s = gl.convert_layout(m_n, gl.SliceLayout(0, MMA))
+        b_s = gl.convert_layout(b_s, S_ROWS)
+        m_s = gl.convert_layout(m_n, gl.SliceLayout(0, S_ROWS))
         b_s = gl.where(m_s[None, :], b_s * qk_scale, float("-inf"))
         b_m_new = gl.maximum(b_m, gl.max(b_s, 1))
         b_m_use = gl.where(b_m_new == float("-inf"), 0.0, b_m_new)
@@ -405,7 +419,7 @@ def sparse_mla_ds_mla_ampere_gluon_kernel(
         b_ref = b_ref_new
 
         # PV: P from registers, V (the same K tile) from shared memory
-        b_o = b_o * b_alpha[:, None]
+        b_o = b_o * gl.convert_layout(b_alpha, gl.SliceLayout(1, MMA))[:, None]
         b_pa = gl.convert_layout(b_p.to(gl.float16), A_OP)
         b_vb = k_s.load(B_OP)
         b_o = mma_v2(b_pa, b_vb, b_o)
@@ -434,7 +448,7 @@ def sparse_mla_ds_mla_ampere_gluon_kernel(
         SPLIT,
         STORE_LSE,
         HAS_SINK,
-        MMA,
+        S_ROWS,
         MMA,
     )
 
@@ -608,6 +622,19 @@ def sparse_mla_latent_ampere_gluon_kernel(
     )
     A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
     B_OP: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
+    # S after QK^T where all warps share 16 head rows (WARPS_M 1): exchanged once between the
+    # warps that computed its columns, so that every warp holds whole rows (the layout repeats
+    # over the head rows), runs the online softmax without cross-warp reductions and gives P to
+    # PV from registers (4 of the step's 12 barriers fewer, docs/perf-log/44-s-rows-sass.txt).
+    # Where warps also split the head rows the MMA layout stays (the exchange compiled to more
+    # barriers there).
+    S_ROWS: gl.constexpr = (
+        gl.NVMMADistributedLayout(
+            version=[2, 0], warps_per_cta=[gl.num_warps(), 1], instr_shape=[16, 8]
+        )
+        if WARPS_M == 1
+        else MMA
+    )
     # 8 values (16 bytes, one cp.async) a thread along a row
     NOPE_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [gl.num_warps(), 1], [1, 0])
     ROPE_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
@@ -637,8 +664,8 @@ def sparse_mla_latent_ampere_gluon_kernel(
         Counts, i_t, i_s, W, split_len, stride_ct, BLOCK_N, HAS_COUNTS
     )
     qk_scale = sm_scale * LOG2E
-    b_m = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(1, MMA))
-    b_l = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(1, MMA))
+    b_m = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(1, S_ROWS))
+    b_l = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(1, S_ROWS))
     b_o = gl.zeros([BLOCK_H, L], gl.float32, layout=MMA)
 
     m_next = _gather_latent(
@@ -704,7 +731,8 @@ def sparse_mla_latent_ampere_gluon_kernel(
             b_sr = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=MMA)
             b_s = b_s + mma_v2(b_qra, b_krb, b_sr)
 
-        m_s = gl.convert_layout(m_n, gl.SliceLayout(0, MMA))
+        b_s = gl.convert_layout(b_s, S_ROWS)
+        m_s = gl.convert_layout(m_n, gl.SliceLayout(0, S_ROWS))
         b_s = gl.where(m_s[None, :], b_s * qk_scale, float("-inf"))
         b_m_new = gl.maximum(b_m, gl.max(b_s, 1))
         b_m_use = gl.where(b_m_new == float("-inf"), 0.0, b_m_new)
@@ -714,7 +742,7 @@ def sparse_mla_latent_ampere_gluon_kernel(
         b_m = b_m_new
 
         # PV: P from registers in q's dtype, V the slot's latent rows
-        b_o = b_o * b_alpha[:, None]
+        b_o = b_o * gl.convert_layout(b_alpha, gl.SliceLayout(1, MMA))[:, None]
         b_pa = gl.convert_layout(b_p.to(dtype), A_OP)
         b_o = mma_v2(b_pa, k_slot.load(B_OP), b_o)
     async_copy.wait_group(0)
@@ -742,6 +770,6 @@ def sparse_mla_latent_ampere_gluon_kernel(
         SPLIT,
         STORE_LSE,
         HAS_SINK,
-        MMA,
+        S_ROWS,
         MMA,
     )
