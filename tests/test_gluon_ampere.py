@@ -376,35 +376,33 @@ def _mma_chains(ptx: str) -> list[int]:
 
 def test_qk_runs_as_independent_chains(tmp_path):
     """A 16-head tile's warp holds one 8-column tile of S: its QK^T over the 512-wide latent is
-    32 mma.sync products, which the kernels split into four independent accumulator chains of
-    eight (kernels/ampere_gluon.py, QK_MIN_CHAINS), fp8_ds_mla and rows in bf16, in the PTX
-    compiled for sm90 (the products of one chain name the same accumulator registers)."""
-    tile = dict(
+    32 mma.sync products, which the fp8_ds_mla kernel splits into four independent accumulator
+    chains of eight (kernels/ampere_gluon.py, QK_MIN_CHAINS), in the PTX compiled for sm90 (the
+    products of one chain name the same accumulator registers)."""
+    job = dict(
         arch="cuda:90",
         dtype="bf16",
+        fmt="fp8_ds_mla",
         block_h=16,
         block_n=32,
         num_warps=4,
+        num_stages=1,
         gluon="ampere",
+        stage_dequant=True,
+        fp16_mma=True,
+        fp16_fold=True,
         has_bt=False,
         split=True,
         rope=64,
         has_counts=True,
         store_lse=True,
     )
-    jobs = {
-        "ds": dict(
-            tile, fmt="fp8_ds_mla", num_stages=1, stage_dequant=True, fp16_mma=True, fp16_fold=True
-        ),
-        "rows": dict(tile, fmt="auto", num_stages=2),
-    }
-    results = compile_ahead(jobs, tmp_path, tmp_path / "asm")
-    for key in jobs:
-        assert not any("error" in r for r in results[key].values()), results[key]
-        chains = _mma_chains((tmp_path / "asm" / f"{key}.1.ptx").read_text())
-        # QK^T's NoPE part: four chains of 8 (was one of 32); RoPE 4 products; PV 2 per tile
-        assert chains[:4] == [8, 8, 8, 8] and chains[4] <= 4, (key, chains)
-        assert sum(chains) == 32 + 4 + 2 * (512 // 8) // 4, (key, chains)
+    results = compile_ahead({"ds": job}, tmp_path, tmp_path / "asm")
+    assert not any("error" in r for r in results["ds"].values()), results["ds"]
+    chains = _mma_chains((tmp_path / "asm" / "ds.1.ptx").read_text())
+    # QK^T's NoPE part: four chains of 8 (was one of 32); RoPE 4 products; PV 2 per tile
+    assert chains[:4] == [8, 8, 8, 8] and chains[4] <= 4, chains
+    assert sum(chains) == 32 + 4 + 2 * (512 // 8) // 4, chains
 
 
 def test_two_one_slot_16_head_programs_share_an_sm80_multiprocessor():

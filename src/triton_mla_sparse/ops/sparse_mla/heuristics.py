@@ -558,14 +558,15 @@ def ampere_gluon_smem(
     of ``block_h`` heads and ``block_n`` rows with ``ring`` slots of gathered rows
     (KernelConfig.num_stages). fp8_ds_mla: q in fp16 and its RoPE part, the raw rows with their
     four fp32 scales per slot, two slots of RoPE values, the fp16 K tile; rows in q's 16-bit
-    dtype (kv_format "auto"): q, and the rows the MMAs read where they land. Both: the scratch
-    of S's exchange between the warps in fp32 (16-head tiles, whose warps share the head rows),
-    else of P's layout conversion in 16 bits. tests/test_gluon_ampere.py checks it against the
-    compiler's figure. ``q_rope_in_registers``: q's RoPE part is not in shared memory
+    dtype (kv_format "auto"): q, and the rows the MMAs read where they land. Then a scratch:
+    fp8_ds_mla in 16-head tiles exchanges S between the warps in fp32 (the warps share the head
+    rows); otherwise it is P's layout conversion in 16 bits. tests/test_gluon_ampere.py checks
+    it against the compiler's figure. ``q_rope_in_registers``: q's RoPE part is not in shared memory
     (KernelConfig.q_rope_in_registers)."""
     latent, rope, scale_bytes = 512, 64, 4 * 4
     q = block_h * (latent + (0 if q_rope_in_registers else rope)) * 2
-    scratch = block_h * block_n * (4 if block_h == 16 else 2)
+    exchanges_s = kv_format != "auto" and block_h == 16
+    scratch = block_h * block_n * (4 if exchanges_s else 2)
     if kv_format == "auto":
         return q + ring * block_n * (latent + rope) * 2 + scratch
     raw = ring * block_n * (latent + scale_bytes) + 2 * block_n * rope * 2

@@ -45,9 +45,11 @@ from .ds_mla_sm90_gluon import (
 
 K_SLICE = gl.constexpr(64)  # latent columns per QK^T product
 # mma.sync products into one accumulator form one dependent chain, each waiting for the last:
-# QK^T keeps at least this many independent accumulators per warp (its 8-column tiles times
-# the interleaved latent slices), so that a 16-head tile's warp, one 8-column tile wide, does
-# not walk the 512-wide latent as a single chain of 32 products
+# the fp8_ds_mla kernel's QK^T keeps at least this many independent accumulators per warp (its
+# 8-column tiles times the interleaved latent slices), so that a 16-head tile's warp, one
+# 8-column tile wide, does not walk the 512-wide latent as a single chain of 32 products. The
+# rows kernel keeps one chain: there the chains and the S exchange below timed no faster
+# (docs/PERFORMANCE.md, log entry 45)
 QK_MIN_CHAINS = gl.constexpr(4)
 # the packed decode's fp16 values are e4m3's times 2^-8 (bias 7 against fp16's 15)
 E4M3_BIAS_FIX = gl.constexpr(256.0)
@@ -612,29 +614,11 @@ def sparse_mla_latent_ampere_gluon_kernel(
 
     WARPS_M: gl.constexpr = gl.num_warps() if gl.num_warps() < BLOCK_H // 16 else BLOCK_H // 16
     WARPS_N: gl.constexpr = gl.num_warps() // WARPS_M
-    # the latent slices' accumulators QK^T interleaves (1, 2 or 4): with the warp's 8-column
-    # tiles of S, QK_MIN_CHAINS independent chains (written out here: Triton 3.6 does not take
-    # a constexpr returned by a helper)
-    N_TILES: gl.constexpr = BLOCK_N // (8 * WARPS_N) if BLOCK_N >= 8 * WARPS_N else 1
-    QK_CHAINS: gl.constexpr = QK_MIN_CHAINS // N_TILES if N_TILES < QK_MIN_CHAINS else 1
     MMA: gl.constexpr = gl.NVMMADistributedLayout(
         version=[2, 0], warps_per_cta=[WARPS_M, WARPS_N], instr_shape=[16, 8]
     )
     A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
     B_OP: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
-    # S after QK^T where all warps share 16 head rows (WARPS_M 1): exchanged once between the
-    # warps that computed its columns, so that every warp holds whole rows (the layout repeats
-    # over the head rows), runs the online softmax without cross-warp reductions and gives P to
-    # PV from registers (4 of the step's 12 barriers fewer, docs/perf-log/44-s-rows-sass.txt).
-    # Where warps also split the head rows the MMA layout stays (the exchange compiled to more
-    # barriers there).
-    S_ROWS: gl.constexpr = (
-        gl.NVMMADistributedLayout(
-            version=[2, 0], warps_per_cta=[gl.num_warps(), 1], instr_shape=[16, 8]
-        )
-        if WARPS_M == 1
-        else MMA
-    )
     # 8 values (16 bytes, one cp.async) a thread along a row
     NOPE_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [gl.num_warps(), 1], [1, 0])
     ROPE_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
@@ -664,8 +648,8 @@ def sparse_mla_latent_ampere_gluon_kernel(
         Counts, i_t, i_s, W, split_len, stride_ct, BLOCK_N, HAS_COUNTS
     )
     qk_scale = sm_scale * LOG2E
-    b_m = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(1, S_ROWS))
-    b_l = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(1, S_ROWS))
+    b_m = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(1, MMA))
+    b_l = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(1, MMA))
     b_o = gl.zeros([BLOCK_H, L], gl.float32, layout=MMA)
 
     m_next = _gather_latent(
@@ -722,17 +706,18 @@ def sparse_mla_latent_ampere_gluon_kernel(
         _BARRIER()
 
         # QK^T over 64-wide slices of the latent, then the rope
+        b_s = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=MMA)
         k_slot = nope_ring.index(slot)
-        b_s = _qk_nope(q_s, k_slot, BLOCK_H, BLOCK_N, L, QK_CHAINS, MMA, A_OP, B_OP)
+        for k in gl.static_range(L // K_SLICE):
+            b_qa = q_s.slice(k * K_SLICE, K_SLICE, dim=1).load(A_OP)
+            b_kb = k_slot.slice(k * K_SLICE, K_SLICE, dim=1).permute((1, 0)).load(B_OP)
+            b_s = mma_v2(b_qa, b_kb, b_s)
         if R > 0:
-            # the rope product in its own accumulator, beside the NoPE chains
             b_qra = qr_s.load(A_OP)
             b_krb = rope_ring.index(slot).permute((1, 0)).load(B_OP)
-            b_sr = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=MMA)
-            b_s = b_s + mma_v2(b_qra, b_krb, b_sr)
+            b_s = mma_v2(b_qra, b_krb, b_s)
 
-        b_s = gl.convert_layout(b_s, S_ROWS)
-        m_s = gl.convert_layout(m_n, gl.SliceLayout(0, S_ROWS))
+        m_s = gl.convert_layout(m_n, gl.SliceLayout(0, MMA))
         b_s = gl.where(m_s[None, :], b_s * qk_scale, float("-inf"))
         b_m_new = gl.maximum(b_m, gl.max(b_s, 1))
         b_m_use = gl.where(b_m_new == float("-inf"), 0.0, b_m_new)
@@ -742,7 +727,7 @@ def sparse_mla_latent_ampere_gluon_kernel(
         b_m = b_m_new
 
         # PV: P from registers in q's dtype, V the slot's latent rows
-        b_o = b_o * gl.convert_layout(b_alpha, gl.SliceLayout(1, MMA))[:, None]
+        b_o = b_o * b_alpha[:, None]
         b_pa = gl.convert_layout(b_p.to(dtype), A_OP)
         b_o = mma_v2(b_pa, k_slot.load(B_OP), b_o)
     async_copy.wait_group(0)
@@ -770,6 +755,6 @@ def sparse_mla_latent_ampere_gluon_kernel(
         SPLIT,
         STORE_LSE,
         HAS_SINK,
-        S_ROWS,
+        MMA,
         MMA,
     )
