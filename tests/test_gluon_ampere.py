@@ -334,27 +334,31 @@ def test_compiles_for_sm80_to_sm90(cc, tmp_path):
         assert ("fp8_ds_mla", 32, 32, 1) in fits
 
 
+# fp8_ds_mla's sm90 16-head one-slot serving tile (the default's 32 rows) as a compile job
+SM90_DS_16_HEADS = dict(
+    arch="cuda:90",
+    dtype="bf16",
+    fmt="fp8_ds_mla",
+    block_h=16,
+    block_n=32,
+    num_warps=4,
+    num_stages=1,
+    stage_dequant=True,
+    fp16_mma=True,
+    fp16_fold=True,
+    gluon="ampere",
+    has_bt=False,
+    split=True,
+    rope=64,
+    has_counts=True,
+    store_lse=True,
+)
+
+
 def test_a_register_cap_reaches_ptxas(tmp_path):
     """KernelConfig.max_registers compiles into the kernel's PTX as ``.maxnreg`` (ptxas's cap),
     and only where given: fp8_ds_mla's one-slot 16-row tile for sm90, capped and not."""
-    tile = dict(
-        arch="cuda:90",
-        dtype="bf16",
-        fmt="fp8_ds_mla",
-        block_h=16,
-        block_n=16,
-        num_warps=4,
-        num_stages=1,
-        stage_dequant=True,
-        fp16_mma=True,
-        fp16_fold=True,
-        gluon="ampere",
-        has_bt=False,
-        split=True,
-        rope=64,
-        has_counts=True,
-        store_lse=True,
-    )
+    tile = dict(SM90_DS_16_HEADS, block_n=16)
     jobs = {"capped": dict(tile, max_registers=168), "uncapped": tile}
     results = compile_ahead(jobs, tmp_path, tmp_path / "asm")
     for key in jobs:
@@ -379,25 +383,7 @@ def test_qk_runs_as_independent_chains(tmp_path):
     32 mma.sync products, which the fp8_ds_mla kernel splits into four independent accumulator
     chains of eight (kernels/ampere_gluon.py, QK_MIN_CHAINS), in the PTX compiled for sm90 (the
     products of one chain name the same accumulator registers)."""
-    job = dict(
-        arch="cuda:90",
-        dtype="bf16",
-        fmt="fp8_ds_mla",
-        block_h=16,
-        block_n=32,
-        num_warps=4,
-        num_stages=1,
-        gluon="ampere",
-        stage_dequant=True,
-        fp16_mma=True,
-        fp16_fold=True,
-        has_bt=False,
-        split=True,
-        rope=64,
-        has_counts=True,
-        store_lse=True,
-    )
-    results = compile_ahead({"ds": job}, tmp_path, tmp_path / "asm")
+    results = compile_ahead({"ds": SM90_DS_16_HEADS}, tmp_path, tmp_path / "asm")
     assert not any("error" in r for r in results["ds"].values()), results["ds"]
     chains = _mma_chains((tmp_path / "asm" / "ds.1.ptx").read_text())
     # QK^T's NoPE part: four chains of 8 (was one of 32); RoPE 4 products; PV 2 per tile

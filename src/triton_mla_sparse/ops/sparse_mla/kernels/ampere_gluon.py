@@ -49,7 +49,7 @@ K_SLICE = gl.constexpr(64)  # latent columns per QK^T product
 # 8-column tiles times the interleaved latent slices), so that a 16-head tile's warp, one
 # 8-column tile wide, does not walk the 512-wide latent as a single chain of 32 products. The
 # rows kernel keeps one chain: there the chains and the S exchange below timed no faster
-# (docs/PERFORMANCE.md, log entry 45)
+# (docs/PERFORMANCE.md, log entry 46)
 QK_MIN_CHAINS = gl.constexpr(4)
 # the packed decode's fp16 values are e4m3's times 2^-8 (bias 7 against fp16's 15)
 E4M3_BIAS_FIX = gl.constexpr(256.0)
