@@ -319,7 +319,8 @@ def test_compiles_for_sm80_to_sm90(cc, tmp_path):
             continue
         # RoPE 64, as the estimate assumes (DeepSeek-V3.2's rows)
         qr = key.endswith("qr")
-        assert kernel["shared"] == ampere_gluon_smem(bh, bn, ring, fmt, qr), (key, kernel)
+        w = int(key.split("-")[2])
+        assert kernel["shared"] == ampere_gluon_smem(bh, bn, ring, fmt, qr, w), (key, kernel)
         if qr:
             continue
         if kernel["shared"] <= limit:
@@ -379,10 +380,11 @@ def _mma_chains(ptx: str) -> list[int]:
 
 
 def test_qk_runs_as_independent_chains(tmp_path):
-    """A 16-head tile's warp holds one 8-column tile of S: its QK^T over the 512-wide latent is
-    32 mma.sync products, which the fp8_ds_mla kernel splits into four independent accumulator
-    chains of eight (kernels/ampere_gluon.py, QK_MIN_CHAINS), in the PTX compiled for sm90 (the
-    products of one chain name the same accumulator registers)."""
+    """A 16-head four-warp fp8_ds_mla tile's QK^T is 32 mma.sync products a warp in four
+    independent accumulator chains of eight, not one chain of 32: each warp multiplies its
+    128-column chunk of the latent (eight products) into each of S's four 8-column tiles
+    (kernels/ampere_gluon.py, SPLIT_QK), in the PTX compiled for sm90 (the products of one chain
+    name the same accumulator registers)."""
     results = compile_ahead({"ds": SM90_DS_16_HEADS}, tmp_path, tmp_path / "asm")
     assert not any("error" in r for r in results["ds"].values()), results["ds"]
     chains = _mma_chains((tmp_path / "asm" / "ds.1.ptx").read_text())

@@ -227,7 +227,9 @@ def test_ampere_sweep_plans_on_the_path(tune, monkeypatch, cc):
         else:
             assert heads == {16, 32, 64}, (cc, case)
         for c in cfgs[1:]:
-            smem = ampere_gluon_smem(c.block_h, c.block_n, c.num_stages, case.kv_format)
+            smem = ampere_gluon_smem(
+                c.block_h, c.block_n, c.num_stages, case.kv_format, num_warps=c.num_warps
+            )
             assert smem <= arch.smem_bytes
         for cfg in cfgs:
             plan = plan_of(case, cfg, arch)

@@ -239,7 +239,9 @@ def ampere_tiles(c: Case) -> list[KernelConfig]:
     for block_h, block_n, warps, ring in tiles:
         if block_h > 16 and c.heads <= 16:
             continue
-        if ampere_gluon_smem(block_h, block_n, ring, c.kv_format) > arch.smem_bytes:
+        if ampere_gluon_smem(block_h, block_n, ring, c.kv_format, num_warps=warps) > (
+            arch.smem_bytes
+        ):
             continue
         programs = c.tokens * -(-c.heads // block_h)
         splits = num_splits_for(programs, c.topk, block_n, arch.num_sms, block_h)
@@ -288,7 +290,7 @@ def ampere_reg_tiles(c: Case) -> list[KernelConfig]:
     variants += [(t, cap, True) for t, cap in AMPERE_QR_REG_TILES if ds_mla]
     out = [default]
     for (block_h, block_n, warps), cap, qr in variants:
-        if ampere_gluon_smem(block_h, block_n, ring, c.kv_format, qr) > arch.smem_bytes:
+        if ampere_gluon_smem(block_h, block_n, ring, c.kv_format, qr, warps) > arch.smem_bytes:
             continue
         splits = num_splits_for(c.tokens, c.topk, block_n, arch.num_sms, block_h)
         for k in sorted({splits, (3 * splits + 1) // 2, 2 * splits}):

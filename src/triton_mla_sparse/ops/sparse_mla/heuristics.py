@@ -106,8 +106,10 @@ class KernelConfig:
     max_registers: int | None = None
     # The mma.sync fp8_ds_mla kernel (gluon="ampere"): q's RoPE part held as the rope MMA's
     # operand in registers for the whole walk instead of in shared memory (BLOCK_H x 64 x 2
-    # bytes less, a few more registers), so that with max_registers its 16-head one-slot tile
-    # fits three programs into an sm90 multiprocessor. For timing; False in every default.
+    # bytes less, a few more registers), for tiles that stage q in shared memory (16-head
+    # four-warp tiles hold all of q in registers anyway), so that with max_registers a 16-head
+    # one-slot tile fits three programs into an sm90 multiprocessor. For timing; False in
+    # every default.
     q_rope_in_registers: bool = False
 
 
@@ -553,24 +555,29 @@ def ampere_gluon_smem(
     ring: int,
     kv_format: str = "fp8_ds_mla",
     q_rope_in_registers: bool = False,
+    num_warps: int = 4,
 ) -> int:
     """Bytes of shared memory a mma.sync Gluon kernel (kernels/ampere_gluon.py) takes in a tile
     of ``block_h`` heads and ``block_n`` rows with ``ring`` slots of gathered rows
-    (KernelConfig.num_stages). fp8_ds_mla: q in fp16 and its RoPE part, the raw rows with their
-    four fp32 scales per slot, two slots of RoPE values, the fp16 K tile; rows in q's 16-bit
-    dtype (kv_format "auto"): q, and the rows the MMAs read where they land. Then a scratch:
-    fp8_ds_mla in 16-head tiles exchanges S between the warps in fp32 (the warps share the head
-    rows); otherwise it is P's layout conversion in 16 bits. tests/test_gluon_ampere.py checks
-    it against the compiler's figure. ``q_rope_in_registers``: q's RoPE part is not in shared memory
-    (KernelConfig.q_rope_in_registers)."""
-    latent, rope, scale_bytes = 512, 64, 4 * 4
+    (KernelConfig.num_stages) and ``num_warps`` warps. fp8_ds_mla: the raw rows with their four
+    fp32 scales per slot, two slots of RoPE values, the fp16 K tile, and then either (16 heads
+    in four warps, which split QK^T over the latent and hold q in registers) the four partial S
+    tiles in fp32 and the rows' validity in S's layout, or q in fp16 and its RoPE part and the
+    scratch of S's exchange between the warps in fp32 (16 heads in other warp counts) or of P's
+    layout conversion in 16 bits (wider tiles). Rows in q's dtype (kv_format "auto"): q, the
+    rows the MMAs read where they land, and P's scratch. tests/test_gluon_ampere.py checks it
+    against the compiler's figure. ``q_rope_in_registers``: q's RoPE part is not in shared
+    memory (KernelConfig.q_rope_in_registers)."""
+    latent, rope, scale_bytes, chunks = 512, 64, 4 * 4, 4
     q = block_h * (latent + (0 if q_rope_in_registers else rope)) * 2
-    exchanges_s = kv_format != "auto" and block_h == 16
-    scratch = block_h * block_n * (4 if exchanges_s else 2)
     if kv_format == "auto":
-        return q + ring * block_n * (latent + rope) * 2 + scratch
+        return q + ring * block_n * (latent + rope) * 2 + block_h * block_n * 2
     raw = ring * block_n * (latent + scale_bytes) + 2 * block_n * rope * 2
-    return q + raw + block_n * latent * 2 + scratch
+    k_tile = block_n * latent * 2
+    if block_h == 16 and num_warps == chunks:
+        return raw + k_tile + chunks * block_h * block_n * 4 + block_n
+    scratch = block_h * block_n * (4 if block_h == 16 else 2)
+    return q + raw + k_tile + scratch
 
 
 def _wgmma(arch: Arch) -> bool:

@@ -6,7 +6,9 @@ the code path of A100, A10, L40S and RTX 4090 and runs, as it is, on newer GPUs 
 step i + 1 are gathered with cp.async into the other half of a two-slot ring while step i is
 multiplied; QK^T and PV are mma.sync products from shared memory (ldmatrix), P from registers.
 Any BLOCK_H and BLOCK_N multiple of 16 and any warp count: warps take 16 head rows each, the
-rest split the columns.
+rest split the columns; fp8_ds_mla's 16 heads in four warps split the latent instead (warp c
+multiplies its chunk of q, held in registers, with the K tile's chunk c; the partial S tiles
+are summed through shared memory).
 
 - fp8_ds_mla (sparse_mla_ds_mla_ampere_gluon_kernel): step i's bytes are dequantized once into
   an fp16 K tile in shared memory, relative to the step's largest scale (KernelConfig.fp16_fold's
@@ -35,6 +37,8 @@ from .ds_mla_sm90_gluon import (
     _BARRIER,
     LOG2E,
     NUM_CHUNKS,
+    ROPE_OFFSET,
+    ROW_BYTES,
     _gather,
     _pow2_ref,
     _program_coords,
@@ -112,6 +116,107 @@ def _qk_nope(
     if CHAINS > 2:
         b_s = b_s + (b_s2 + b_s3)
     return b_s
+
+
+@gluon.jit
+def _gather_ds(
+    KV,
+    Idx,
+    i_t,
+    w0,
+    w_hi,
+    stride_it,
+    stride_iw,
+    num_rows,
+    page_size,
+    stride_kb,
+    nope_slot,
+    scale_slot,
+    rope_slot,
+    BLOCK_N: gl.constexpr,
+    L: gl.constexpr,
+    R: gl.constexpr,
+    PAGE_SHIFT: gl.constexpr,
+    NOPE_LAYOUT: gl.constexpr,
+    SCALE_LAYOUT: gl.constexpr,
+    ROPE_LAYOUT: gl.constexpr,
+    SPLIT_QK: gl.constexpr,
+):
+    # _gather's cp.async of one step's rows; with SPLIT_QK the RoPE values land in the slot
+    # [NUM_CHUNKS, BLOCK_N, R / NUM_CHUNKS] (ROPE_LAYOUT of that rank), chunk c holding columns
+    # [c * R / NUM_CHUNKS, (c + 1) * R / NUM_CHUNKS) of every row: QK^T's warp c multiplies them
+    if not SPLIT_QK:
+        m_n = _gather(
+            KV,
+            Idx,
+            i_t,
+            w0,
+            w_hi,
+            stride_it,
+            stride_iw,
+            num_rows,
+            page_size,
+            stride_kb,
+            nope_slot,
+            scale_slot,
+            rope_slot,
+            BLOCK_N,
+            L,
+            R,
+            PAGE_SHIFT,
+            NOPE_LAYOUT,
+            SCALE_LAYOUT,
+            ROPE_LAYOUT,
+        )
+    else:
+        m_n = _gather(
+            KV,
+            Idx,
+            i_t,
+            w0,
+            w_hi,
+            stride_it,
+            stride_iw,
+            num_rows,
+            page_size,
+            stride_kb,
+            nope_slot,
+            scale_slot,
+            rope_slot,
+            BLOCK_N,
+            L,
+            0,
+            PAGE_SHIFT,
+            NOPE_LAYOUT,
+            SCALE_LAYOUT,
+            NOPE_LAYOUT,
+        )
+        if R > 0:
+            RC: gl.constexpr = R // NUM_CHUNKS
+            o_row, m_r = _rows(
+                Idx,
+                i_t,
+                w0,
+                w_hi,
+                stride_it,
+                stride_iw,
+                num_rows,
+                page_size,
+                stride_kb,
+                ROW_BYTES,
+                BLOCK_N,
+                PAGE_SHIFT,
+                gl.SliceLayout(0, gl.SliceLayout(2, ROPE_LAYOUT)),
+            )
+            o_c = gl.arange(0, NUM_CHUNKS, layout=gl.SliceLayout(1, gl.SliceLayout(2, ROPE_LAYOUT)))
+            o_j = gl.arange(0, RC, layout=gl.SliceLayout(0, gl.SliceLayout(1, ROPE_LAYOUT)))
+            p_row = (KV + o_row[None, :, None] + ROPE_OFFSET).to(gl.pointer_type(gl.bfloat16))
+            p_rope = p_row + (o_c[:, None, None] * RC + o_j[None, None, :])
+            m_rope = (
+                (o_c < NUM_CHUNKS)[:, None, None] & m_r[None, :, None] & (o_j < RC)[None, None, :]
+            )
+            _ASYNC_LOAD(rope_slot, p_rope, mask=m_rope)
+    return m_n
 
 
 @gluon.jit
@@ -210,11 +315,21 @@ def sparse_mla_ds_mla_ampere_gluon_kernel(
     gl.static_assert(BLOCK_H % 16 == 0 and BLOCK_N % 16 == 0, "16-row MMA tiles")
     gl.static_assert(FOLD_FP16 and not E4M3_DECODE, "fp16 MMAs with folded scales")
     gl.static_assert(not HAS_BT and not HAS_EXTRA, "no block table, no extra set")
+    gl.static_assert(R == 0 or R == 64, "DeepSeek-V3.2's 64 RoPE values, or none")
 
     # register layouts: mma.sync tiles, warps over the head rows first (16 each), the rest over
     # the columns; S [BLOCK_H, BLOCK_N] and O [BLOCK_H, L] in the same arrangement
     WARPS_M: gl.constexpr = gl.num_warps() if gl.num_warps() < BLOCK_H // 16 else BLOCK_H // 16
     WARPS_N: gl.constexpr = gl.num_warps() // WARPS_M
+    # 16 heads in four warps split QK^T over the latent instead of over S's columns: warp c
+    # multiplies latent chunk c (128 NoPE columns, 16 RoPE ones) for all BLOCK_N rows, with its
+    # slice of q held in registers for the whole walk (every other tile re-reads all of q from
+    # shared memory each step: 64 of a 16-head step's ~200 KB of shared-memory traffic); the
+    # four partial S tiles are summed through shared memory, which leaves every warp the whole
+    # tile for the online softmax, and PV keeps the same split: warp c accumulates O's chunk c
+    SPLIT_QK: gl.constexpr = gl.num_warps() == NUM_CHUNKS if BLOCK_H == 16 else False
+    KW: gl.constexpr = L // NUM_CHUNKS  # a chunk's NoPE columns
+    RW: gl.constexpr = 64 // NUM_CHUNKS  # its RoPE columns (the ring holds 64 a row)
     # the latent slices' accumulators QK^T interleaves (1, 2 or 4): with the warp's 8-column
     # tiles of S, QK_MIN_CHAINS independent chains (written out here: Triton 3.6 does not take
     # a constexpr returned by a helper)
@@ -225,27 +340,58 @@ def sparse_mla_ds_mla_ampere_gluon_kernel(
     )
     A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
     B_OP: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
+    # SPLIT_QK: [chunk, ...] tiles, one chunk a warp
+    MMA3: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[2, 0], warps_per_cta=[gl.num_warps(), 1, 1], instr_shape=[1, 16, 8]
+    )
+    A3_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA3, k_width=2)
+    B3_OP: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA3, k_width=2)
     # S after QK^T where all warps share 16 head rows (WARPS_M 1): exchanged once between the
     # warps that computed its columns, so that every warp holds whole rows (the layout repeats
     # over the head rows), runs the online softmax without cross-warp reductions and gives P to
     # PV from registers (4 of the step's 12 barriers fewer, docs/perf-log/44-s-rows-sass.txt).
     # Where warps also split the head rows the MMA layout stays (the exchange compiled to more
-    # barriers there).
+    # barriers there). SPLIT_QK: the sum of the partial tiles, in every warp.
     S_ROWS: gl.constexpr = (
-        gl.NVMMADistributedLayout(
-            version=[2, 0], warps_per_cta=[gl.num_warps(), 1], instr_shape=[16, 8]
+        gl.SliceLayout(0, MMA3)
+        if SPLIT_QK
+        else (
+            gl.NVMMADistributedLayout(
+                version=[2, 0], warps_per_cta=[gl.num_warps(), 1], instr_shape=[16, 8]
+            )
+            if WARPS_M == 1
+            else MMA
         )
-        if WARPS_M == 1
-        else MMA
     )
     NOPE_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 16], [2, 16], [gl.num_warps(), 1], [1, 0])
     SCALE_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 1], [8, 4], [gl.num_warps(), 1], [1, 0])
-    ROPE_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
-    DQ_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [gl.num_warps(), 1], [1, 0])
+    ROPE_LAYOUT: gl.constexpr = (
+        gl.BlockedLayout([1, 1, 8], [1, 16, 2], [gl.num_warps(), 1, 1], [2, 1, 0])
+        if SPLIT_QK
+        else gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
+    )
+    # the dequantized chunk [BLOCK_N, 128], a slice of a [chunk, row, column] layout so that
+    # SPLIT_QK's chunk-major K tile takes it as one chunk
+    DQ3_LAYOUT: gl.constexpr = gl.BlockedLayout(
+        [1, 1, 16], [1, 4, 8], [1, gl.num_warps(), 1], [2, 1, 0]
+    )
+    DQ_LAYOUT: gl.constexpr = gl.SliceLayout(0, DQ3_LAYOUT)
     SC_DQ_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [gl.num_warps(), 1], [1, 0])
     Q_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [gl.num_warps(), 1], [1, 0])
+    Q3_LAYOUT: gl.constexpr = gl.BlockedLayout(
+        [1, 1, 8], [1, 2, 16], [gl.num_warps(), 1, 1], [2, 1, 0]
+    )
     # shared layouts: 16-bit MMA operands swizzled for ldmatrix, the raw bytes plain
     OP_SMEM: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
+    OP3_SMEM: gl.constexpr = gl.SwizzledSharedLayout(
+        vec=8, per_phase=1, max_phase=8, order=[2, 1, 0]
+    )
+    # the partial S tiles in the MMA's fragments (a thread's two adjacent fp32 values, eight
+    # rows a store): 8-column groups swizzled over four rows, so that a fragment store or load
+    # spans all 32 banks (two wavefronts, not eight)
+    SUM3_SMEM: gl.constexpr = gl.SwizzledSharedLayout(
+        vec=8, per_phase=1, max_phase=4, order=[2, 1, 0]
+    )
     RAW_SMEM: gl.constexpr = gl.SwizzledSharedLayout(vec=16, per_phase=1, max_phase=1, order=[1, 0])
     SCALE_SMEM: gl.constexpr = gl.SwizzledSharedLayout(
         vec=4, per_phase=1, max_phase=1, order=[1, 0]
@@ -254,29 +400,57 @@ def sparse_mla_ds_mla_ampere_gluon_kernel(
     i_hb, i_ts, i_s, i_t = _program_coords(num_hb, num_splits)
 
     # q: NoPE part in fp16 (the folded tile's MMA type), rope part as it is
-    o_hq = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, Q_LAYOUT))
-    m_hq = o_hq < H
-    o_lq = gl.arange(0, L, layout=gl.SliceLayout(0, Q_LAYOUT))
-    p_q = Q_nope + i_t * stride_qnt + o_hq.to(gl.int64)[:, None] * stride_qnh
-    b_q = gl.load(p_q + o_lq[None, :] * stride_qnd, mask=m_hq[:, None], other=0.0)
-    q_s = gl.allocate_shared_memory(gl.float16, [BLOCK_H, L], OP_SMEM, b_q.to(gl.float16))
-    if R > 0:
-        o_rq = gl.arange(0, R, layout=gl.SliceLayout(0, Q_LAYOUT))
-        p_qr = Q_rope + i_t * stride_qrt + o_hq.to(gl.int64)[:, None] * stride_qrh
-        b_qr = gl.load(p_qr + o_rq[None, :] * stride_qrd, mask=m_hq[:, None], other=0.0)
-        if QR_REGS:
-            # the rope product's A operand held in registers for the whole walk (its shared
-            # memory freed: KernelConfig.q_rope_in_registers)
-            b_qra = gl.convert_layout(b_qr, A_OP)
-        else:
-            qr_s = gl.allocate_shared_memory(Q_rope.dtype.element_ty, [BLOCK_H, R], OP_SMEM, b_qr)
+    if SPLIT_QK:
+        # each warp's chunk of q as its MMA operand in registers, for the whole walk (the
+        # conversion's scratch is free before the ring is allocated)
+        o_cq = gl.arange(0, NUM_CHUNKS, layout=gl.SliceLayout(1, gl.SliceLayout(2, Q3_LAYOUT)))
+        o_hq3 = i_hb * BLOCK_H + gl.arange(
+            0, BLOCK_H, layout=gl.SliceLayout(0, gl.SliceLayout(2, Q3_LAYOUT))
+        )
+        m_hq3 = (o_cq < NUM_CHUNKS)[:, None, None] & (o_hq3 < H)[None, :, None]
+        p_q3 = Q_nope + i_t * stride_qnt + o_hq3.to(gl.int64)[None, :, None] * stride_qnh
+        o_kq = gl.arange(0, KW, layout=gl.SliceLayout(0, gl.SliceLayout(1, Q3_LAYOUT)))
+        o_lq3 = o_cq[:, None, None] * KW + o_kq[None, None, :]
+        b_q3 = gl.load(p_q3 + o_lq3 * stride_qnd, mask=m_hq3, other=0.0)
+        b_qa3 = gl.convert_layout(b_q3.to(gl.float16), A3_OP)
+        if R > 0:
+            o_rj = gl.arange(0, RW, layout=gl.SliceLayout(0, gl.SliceLayout(1, Q3_LAYOUT)))
+            p_qr3 = Q_rope + i_t * stride_qrt + o_hq3.to(gl.int64)[None, :, None] * stride_qrh
+            o_rq3 = o_cq[:, None, None] * RW + o_rj[None, None, :]
+            b_qr3 = gl.load(p_qr3 + o_rq3 * stride_qrd, mask=m_hq3, other=0.0)
+            b_qra3 = gl.convert_layout(b_qr3, A3_OP)
+    else:
+        o_hq = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, Q_LAYOUT))
+        m_hq = o_hq < H
+        o_lq = gl.arange(0, L, layout=gl.SliceLayout(0, Q_LAYOUT))
+        p_q = Q_nope + i_t * stride_qnt + o_hq.to(gl.int64)[:, None] * stride_qnh
+        b_q = gl.load(p_q + o_lq[None, :] * stride_qnd, mask=m_hq[:, None], other=0.0)
+        q_s = gl.allocate_shared_memory(gl.float16, [BLOCK_H, L], OP_SMEM, b_q.to(gl.float16))
+        if R > 0:
+            o_rq = gl.arange(0, R, layout=gl.SliceLayout(0, Q_LAYOUT))
+            p_qr = Q_rope + i_t * stride_qrt + o_hq.to(gl.int64)[:, None] * stride_qrh
+            b_qr = gl.load(p_qr + o_rq[None, :] * stride_qrd, mask=m_hq[:, None], other=0.0)
+            if QR_REGS:
+                # the rope product's A operand held in registers for the whole walk (its shared
+                # memory freed: KernelConfig.q_rope_in_registers)
+                b_qra = gl.convert_layout(b_qr, A_OP)
+            else:
+                qr_s = gl.allocate_shared_memory(
+                    Q_rope.dtype.element_ty, [BLOCK_H, R], OP_SMEM, b_qr
+                )
 
     # the ring (RING slots of raw rows and scales, two of RoPE values: QK^T reads those from
-    # the ring after the next step's gather is issued) and the dequantized K tile
+    # the ring after the next step's gather is issued) and the dequantized K tile; SPLIT_QK
+    # keeps the RoPE slots and the K tile chunk-major, and the partial S tiles
     nope_ring = gl.allocate_shared_memory(gl.uint8, [RING, BLOCK_N, L], RAW_SMEM)
     scale_ring = gl.allocate_shared_memory(gl.float32, [RING, BLOCK_N, NUM_CHUNKS], SCALE_SMEM)
-    rope_ring = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, 64], OP_SMEM)
-    k_s = gl.allocate_shared_memory(gl.float16, [BLOCK_N, L], OP_SMEM)
+    if SPLIT_QK:
+        rope_ring = gl.allocate_shared_memory(gl.bfloat16, [2, NUM_CHUNKS, BLOCK_N, RW], OP3_SMEM)
+        k_s = gl.allocate_shared_memory(gl.float16, [NUM_CHUNKS, BLOCK_N, KW], OP3_SMEM)
+        s_parts = gl.allocate_shared_memory(gl.float32, [NUM_CHUNKS, BLOCK_H, BLOCK_N], SUM3_SMEM)
+    else:
+        rope_ring = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, 64], OP_SMEM)
+        k_s = gl.allocate_shared_memory(gl.float16, [BLOCK_N, L], OP_SMEM)
 
     w_lo, w_hi, n_steps = _split_range(
         Counts, i_t, i_s, W, split_len, stride_ct, BLOCK_N, HAS_COUNTS
@@ -285,10 +459,13 @@ def sparse_mla_ds_mla_ampere_gluon_kernel(
 
     b_m = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(1, S_ROWS))
     b_l = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(1, S_ROWS))
-    b_o = gl.zeros([BLOCK_H, L], gl.float32, layout=MMA)
+    if SPLIT_QK:
+        b_o3 = gl.zeros([NUM_CHUNKS, BLOCK_H, KW], gl.float32, layout=MMA3)
+    else:
+        b_o = gl.zeros([BLOCK_H, L], gl.float32, layout=MMA)
     b_ref = 1.0
 
-    m_next = _gather(
+    m_next = _gather_ds(
         KV,
         Idx,
         i_t,
@@ -309,6 +486,7 @@ def sparse_mla_ds_mla_ampere_gluon_kernel(
         NOPE_LAYOUT,
         SCALE_LAYOUT,
         ROPE_LAYOUT,
+        SPLIT_QK,
     )
     async_copy.commit_group()
     for i_step in range(n_steps):
@@ -320,7 +498,7 @@ def sparse_mla_ds_mla_ampere_gluon_kernel(
             # every thread is past its reads of the other slot (the previous step) before it
             # refills
             _BARRIER()
-            m_next = _gather(
+            m_next = _gather_ds(
                 KV,
                 Idx,
                 i_t,
@@ -341,13 +519,15 @@ def sparse_mla_ds_mla_ampere_gluon_kernel(
                 NOPE_LAYOUT,
                 SCALE_LAYOUT,
                 ROPE_LAYOUT,
+                SPLIT_QK,
             )
             async_copy.commit_group()
             async_copy.wait_group(1)  # this step's rows are in
         else:
             async_copy.wait_group(0)  # this step's rows are in (the only gather in flight)
         # every thread's rows are in, and every thread is past the previous step's reads of the
-        # K tile and of the RoPE slot the next gather refills
+        # K tile and of the RoPE slot the next gather refills (and, SPLIT_QK, of the partial
+        # S tiles)
         _BARRIER()
 
         # the step's scales: its largest is the reference the tile is dequantized against
@@ -364,13 +544,16 @@ def sparse_mla_ds_mla_ampere_gluon_kernel(
         for c in gl.static_range(NUM_CHUNKS):
             b_rel_c = gl.sum(gl.where((o_g == c)[None, :], b_rel, 0.0), 1)
             b_rel_c = gl.convert_layout(b_rel_c, gl.SliceLayout(1, DQ_LAYOUT))  # same rows
-            b_k8 = nope_ring.index(slot).slice(c * 128, 128, dim=1).load(DQ_LAYOUT)
-            b_h = _e4m3_to_f16(b_k8, FP8_NATIVE)
-            k_s.slice(c * 128, 128, dim=1).store(b_h * b_rel_c.to(gl.float16)[:, None])
+            b_k8 = nope_ring.index(slot).slice(c * KW, KW, dim=1).load(DQ_LAYOUT)
+            b_h = _e4m3_to_f16(b_k8, FP8_NATIVE) * b_rel_c.to(gl.float16)[:, None]
+            if SPLIT_QK:
+                k_s.slice(c, 1, dim=0).store(gl.expand_dims(b_h, 0))
+            else:
+                k_s.slice(c * KW, KW, dim=1).store(b_h)
         _BARRIER()
         if RING == 1:
             # the raw slot is read: the next step's rows stream in while this one is multiplied
-            m_next = _gather(
+            m_next = _gather_ds(
                 KV,
                 Idx,
                 i_t,
@@ -391,23 +574,40 @@ def sparse_mla_ds_mla_ampere_gluon_kernel(
                 NOPE_LAYOUT,
                 SCALE_LAYOUT,
                 ROPE_LAYOUT,
+                SPLIT_QK,
             )
             async_copy.commit_group()
 
         # QK^T: the NoPE product in fp16 (units of the reference) over 64-wide slices of the
         # latent, the rope product in its own accumulator
-        b_sn = _qk_nope(q_s, k_s, BLOCK_H, BLOCK_N, L, QK_CHAINS, MMA, A_OP, B_OP)
-        b_s = b_sn * b_ref_new
-        if R > 0:
-            b_sr = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=MMA)
-            if not QR_REGS:
-                b_qra = qr_s.load(A_OP)
-            b_krb = rope_ring.index(r_slot).permute((1, 0)).load(B_OP)
-            b_sr = mma_v2(b_qra, b_krb.to(b_qra.dtype), b_sr)
-            b_s = b_s + b_sr
+        if SPLIT_QK:
+            # warp c: its chunk's product over all BLOCK_N rows (four independent 8-column
+            # accumulators), then the four partial tiles summed through shared memory
+            b_sp = gl.zeros([NUM_CHUNKS, BLOCK_H, BLOCK_N], gl.float32, layout=MMA3)
+            b_sp = mma_v2(b_qa3, k_s.permute((0, 2, 1)).load(B3_OP), b_sp)
+            b_sp = b_sp * b_ref_new
+            if R > 0:
+                b_srp = gl.zeros([NUM_CHUNKS, BLOCK_H, BLOCK_N], gl.float32, layout=MMA3)
+                b_krb = rope_ring.index(r_slot).permute((0, 2, 1)).load(B3_OP)
+                b_sp = b_sp + mma_v2(b_qra3, b_krb.to(b_qra3.dtype), b_srp)
+            s_parts.store(b_sp)
+            _BARRIER()
+            b_s = gl.sum(s_parts.slice(0, 1, dim=0).load(MMA3), 0)
+            for c in gl.static_range(1, NUM_CHUNKS):
+                b_s = b_s + gl.sum(s_parts.slice(c, 1, dim=0).load(MMA3), 0)
+        else:
+            b_sn = _qk_nope(q_s, k_s, BLOCK_H, BLOCK_N, L, QK_CHAINS, MMA, A_OP, B_OP)
+            b_s = b_sn * b_ref_new
+            if R > 0:
+                b_sr = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=MMA)
+                if not QR_REGS:
+                    b_qra = qr_s.load(A_OP)
+                b_krb = rope_ring.index(r_slot).permute((1, 0)).load(B_OP)
+                b_sr = mma_v2(b_qra, b_krb.to(b_qra.dtype), b_sr)
+                b_s = b_s + b_sr
+            b_s = gl.convert_layout(b_s, S_ROWS)
 
         # the online softmax step over the valid rows (their validity kept from the gather)
-        b_s = gl.convert_layout(b_s, S_ROWS)
         m_s = gl.convert_layout(m_n, gl.SliceLayout(0, S_ROWS))
         b_s = gl.where(m_s[None, :], b_s * qk_scale, float("-inf"))
         b_m_new = gl.maximum(b_m, gl.max(b_s, 1))
@@ -421,11 +621,22 @@ def sparse_mla_ds_mla_ampere_gluon_kernel(
         b_ref = b_ref_new
 
         # PV: P from registers, V (the same K tile) from shared memory
-        b_o = b_o * gl.convert_layout(b_alpha, gl.SliceLayout(1, MMA))[:, None]
-        b_pa = gl.convert_layout(b_p.to(gl.float16), A_OP)
-        b_vb = k_s.load(B_OP)
-        b_o = mma_v2(b_pa, b_vb, b_o)
+        if SPLIT_QK:
+            # warp c: O's chunk c, P (which every warp holds whole) times the K tile's chunk c
+            b_o3 = b_o3 * gl.expand_dims(gl.expand_dims(b_alpha, 1), 0)
+            b_p3 = gl.expand_dims(b_p.to(gl.float16), 0).broadcast_to(
+                [NUM_CHUNKS, BLOCK_H, BLOCK_N]
+            )
+            b_o3 = mma_v2(gl.convert_layout(b_p3, A3_OP), k_s.load(B3_OP), b_o3)
+        else:
+            b_o = b_o * gl.convert_layout(b_alpha, gl.SliceLayout(1, MMA))[:, None]
+            b_pa = gl.convert_layout(b_p.to(gl.float16), A_OP)
+            b_vb = k_s.load(B_OP)
+            b_o = mma_v2(b_pa, b_vb, b_o)
     async_copy.wait_group(0)
+    if SPLIT_QK:
+        # the chunks side by side: [BLOCK_H, L] in the other tiles' layout
+        b_o = gl.convert_layout(gl.reshape(gl.permute(b_o3, (1, 0, 2)), [BLOCK_H, L]), MMA)
 
     _store_result(
         b_o,
