@@ -27,6 +27,7 @@ from triton_mla_sparse.ops.sparse_mla.heuristics import (
     AMPERE_GLUON_BLOCK_N,
     AMPERE_GLUON_DS_RING,
     AMPERE_GLUON_RING,
+    AMPERE_GLUON_SPLIT_QK_STEPS,
     TARGETS,
     Arch,
     ampere_gluon_smem,
@@ -55,6 +56,9 @@ N16_TILE = (32, 16, 4)
 # fp8_ds_mla with one raw-row slot: the tiles it lets the 99 KB parts hold (32 heads) or lets
 # two programs share an sm80 multiprocessor (16 heads), and the 64-head one
 RING1_TILES = [(16, 32, 4), (16, 16, 4), (32, 32, 4), (64, 32, 8), *WIDE_TILES]
+# fp8_ds_mla with QK^T split over the latent (KernelConfig.split_qk): 16 heads in four warps,
+# the serving tile's 32-row steps and 16-row ones, with one and two raw-row slots
+SPLIT_QK_TILES = [(16, 32, 4, 1), (16, 16, 4, 1), (16, 32, 4, 2)]
 
 
 SM80 = Arch("cuda", 80, 108)
@@ -154,7 +158,10 @@ def test_default_on_the_paths_timed_faster(tokens, cc, heads):
     assert plan.constexprs["RING"] == 1
     programs = tokens * -(-heads // block_h)
     splits = num_splits_for(programs, 2048, cfg.block_n, arch.num_sms, block_h)
-    assert cfg.num_splits == split_len_for(2048, splits, cfg.block_n)[1]
+    per_split, num_splits = split_len_for(2048, splits, cfg.block_n)
+    assert cfg.num_splits == num_splits
+    long_walk = per_split // cfg.block_n >= AMPERE_GLUON_SPLIT_QK_STEPS
+    assert plan.constexprs["SPLIT_QK"] == cfg.split_qk == (block_h == 16 and long_walk)
     assert ampere_gluon_smem(block_h, cfg.block_n, 1) <= arch.smem_bytes
     # the next wider tile would not fit, or the call has no more heads for it
     if block_h < 64 and tokens >= 16 and heads > block_h:
@@ -177,8 +184,10 @@ def test_rows_default_on_sm89_at_16_heads(tokens, heads):
 @pytest.mark.parametrize("heads", [8, 16])
 def test_default_on_sm90_at_16_heads(tokens, heads):
     """sm90 with bf16 q and 16 heads or fewer: the mma.sync kernel in its 16-head tile, four
-    warps, 32-row steps, for fp8_ds_mla at 1-128 tokens (one slot of raw rows) and for rows in
-    q's dtype up to 16 tokens (two slots), split as the heuristics split that tile."""
+    warps, 32-row steps, for fp8_ds_mla at 1-128 tokens (one slot of raw rows; QK^T split over
+    the latent where a program walks at least AMPERE_GLUON_SPLIT_QK_STEPS steps: from 15
+    tokens on) and for rows in q's dtype up to 16 tokens (two slots), split as the heuristics
+    split that tile."""
     arch = next(a for a in TARGETS if a.backend == "cuda" and a.cc == 90)
     for fmt, family, ring in (
         ("fp8_ds_mla", DS_MLA_AMPERE_GLUON, AMPERE_GLUON_DS_RING),
@@ -198,7 +207,12 @@ def test_default_on_sm90_at_16_heads(tokens, heads):
             ring,
         ), fmt
         splits = num_splits_for(tokens, 2048, cfg.block_n, arch.num_sms, 16)
-        assert cfg.num_splits == split_len_for(2048, splits, cfg.block_n)[1]
+        per_split, num_splits = split_len_for(2048, splits, cfg.block_n)
+        assert cfg.num_splits == num_splits
+        split_qk = fmt == "fp8_ds_mla" and per_split // cfg.block_n >= AMPERE_GLUON_SPLIT_QK_STEPS
+        assert cfg.split_qk == split_qk, (fmt, tokens)
+        if fmt == "fp8_ds_mla":  # a step a program at 1-4 tokens, at least four from 15 on
+            assert split_qk == (tokens >= 15), tokens
 
 
 @pytest.mark.parametrize(
@@ -305,6 +319,10 @@ def test_compiles_for_sm80_to_sm90(cc, tmp_path):
     # q's RoPE part in registers (KernelConfig.q_rope_in_registers), the 16-head one-slot tile
     qr = dict(base, block_h=16, block_n=32, num_warps=4, num_stages=1, q_rope_in_registers=True)
     jobs["16-32-4-ring1qr"] = dict(qr, **serving)
+    # QK^T split over the latent (KernelConfig.split_qk)
+    for bh, bn, w, ring in SPLIT_QK_TILES:
+        tile = dict(base, block_h=bh, block_n=bn, num_warps=w, num_stages=ring, split_qk=True)
+        jobs[f"{bh}-{bn}-{w}-ring{ring}split"] = dict(tile, **serving)
     results = compile_ahead(jobs, tmp_path, tmp_path / "asm")
     assert set(results) == set(jobs)
     fits = set()
@@ -314,14 +332,15 @@ def test_compiles_for_sm80_to_sm90(cc, tmp_path):
         assert "error" not in kernel, (key, kernel)
         bh, bn = (int(x) for x in key.split("-")[:2])
         ring = 1 if "ring1" in key else 2
+        split_qk = key.endswith("split")
         fmt = "auto" if family == "latent" else "fp8_ds_mla"
         if key.endswith("nope"):
             continue
         # RoPE 64, as the estimate assumes (DeepSeek-V3.2's rows)
         qr = key.endswith("qr")
-        w = int(key.split("-")[2])
-        assert kernel["shared"] == ampere_gluon_smem(bh, bn, ring, fmt, qr, w), (key, kernel)
-        if qr:
+        smem = ampere_gluon_smem(bh, bn, ring, fmt, qr, split_qk)
+        assert kernel["shared"] == smem, (key, kernel)
+        if qr or split_qk:
             continue
         if kernel["shared"] <= limit:
             fits.add((fmt, bh, bn, ring))
@@ -379,13 +398,16 @@ def _mma_chains(ptx: str) -> list[int]:
     return sorted(collections.Counter(acc).values(), reverse=True)
 
 
-def test_qk_runs_as_independent_chains(tmp_path):
+@pytest.mark.parametrize("split_qk", [False, True], ids=["columns", "latent"])
+def test_qk_runs_as_independent_chains(split_qk, tmp_path):
     """A 16-head four-warp fp8_ds_mla tile's QK^T is 32 mma.sync products a warp in four
-    independent accumulator chains of eight, not one chain of 32: each warp multiplies its
-    128-column chunk of the latent (eight products) into each of S's four 8-column tiles
-    (kernels/ampere_gluon.py, SPLIT_QK), in the PTX compiled for sm90 (the products of one chain
-    name the same accumulator registers)."""
-    results = compile_ahead({"ds": SM90_DS_16_HEADS}, tmp_path, tmp_path / "asm")
+    independent accumulator chains of eight, not one chain of 32, in the PTX compiled for sm90
+    (the products of one chain name the same accumulator registers): a warp holding one
+    8-column tile of S splits the latent into four chains (QK_MIN_CHAINS); with QK^T split over
+    the latent (KernelConfig.split_qk) each warp multiplies its 128-column chunk (eight
+    products) into each of S's four 8-column tiles."""
+    job = dict(SM90_DS_16_HEADS, split_qk=split_qk)
+    results = compile_ahead({"ds": job}, tmp_path, tmp_path / "asm")
     assert not any("error" in r for r in results["ds"].values()), results["ds"]
     chains = _mma_chains((tmp_path / "asm" / "ds.1.ptx").read_text())
     # QK^T's NoPE part: four chains of 8 (was one of 32); RoPE 4 products; PV 2 per tile
@@ -471,8 +493,8 @@ def test_matches_the_reference(tile, tokens, heads, width, splits, page, rope, s
     _run_and_check(cache, idx, q, kw, cfg)
 
 
-def _fits_this_gpu(bh, bn, ring, fmt="fp8_ds_mla"):
-    return ampere_gluon_smem(bh, bn, ring, fmt) <= (
+def _fits_this_gpu(bh, bn, ring, fmt="fp8_ds_mla", split_qk=False):
+    return ampere_gluon_smem(bh, bn, ring, fmt, split_qk=split_qk) <= (
         torch.cuda.get_device_properties(0).shared_memory_per_block_optin
     )
 
@@ -541,6 +563,38 @@ def test_register_caps_match_the_reference(
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_GPU, reason="Gluon kernels run on a GPU only")
+@pytest.mark.parametrize("tile", SPLIT_QK_TILES, ids=lambda t: "x".join(map(str, t)))
+@pytest.mark.parametrize(SCENARIO_ARGS, SCENARIOS)
+@pytest.mark.parametrize("native", [True, False], ids=["cvt", "bits"])
+def test_split_qk_matches_the_reference(
+    tile, tokens, heads, width, splits, page, rope, sink, native
+):
+    """fp8_ds_mla with QK^T split over the latent (KernelConfig.split_qk: q's chunks in the
+    warps' registers, the partial S tiles summed through shared memory), one and two raw-row
+    slots, every scenario, both e4m3 decodes."""
+    _needs_sm80()
+    if native and torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("the e4m3 conversion instruction: sm89 and later")
+    g = torch.Generator().manual_seed(tokens * 3 + page + rope + sink)
+    bh, bn, w, ring = tile
+    if not _fits_this_gpu(bh, bn, ring, split_qk=True):
+        pytest.skip("this tile needs more than this GPU's shared memory")
+    cfg = dataclasses.replace(
+        AMPERE,
+        block_h=bh,
+        block_n=bn,
+        num_warps=w,
+        num_stages=ring,
+        num_splits=splits,
+        fp8_native=native,
+        split_qk=True,
+    )
+    cache, idx, q, kw = _problem(tokens, heads, width, page, rope, sink, g)
+    _run_and_check(cache, idx, q, kw, cfg)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_GPU, reason="Gluon kernels run on a GPU only")
 @pytest.mark.parametrize("fmt", ["fp8_ds_mla", "auto"])
 @pytest.mark.parametrize(SCENARIO_ARGS, SCENARIOS[:3])
 def test_32_heads_in_16_row_steps_match_the_reference(
@@ -575,6 +629,8 @@ def test_32_heads_in_16_row_steps_match_the_reference(
         (89, (32, 32, 4, 1)),
         (80, (64, 32, 16, 1)),
         (89, (32, 32, 8, 1)),
+        (80, (16, 32, 4, 1, "split")),
+        (89, (16, 32, 4, 1, "split")),
     ],
     ids=lambda x: "x".join(map(str, x)) if isinstance(x, tuple) else str(x),
 )
@@ -582,7 +638,8 @@ def test_the_sm80_and_sm89_code_by_ptx_jit(cc, tile, tmp_path):
     """The code Triton builds for an A100 (the bit decode) and an L40S (the conversion
     instruction), loaded through the driver's JIT on this newer GPU, against the reference:
     the two-slot ring, and the one-slot ring in the tile it serves each (two 16-head programs
-    per sm80 multiprocessor, 32 heads in an L40S's 99 KB), also with twice the warps."""
+    per sm80 multiprocessor, 32 heads in an L40S's 99 KB), also with twice the warps, and the
+    16-head tile with QK^T split over the latent (KernelConfig.split_qk)."""
     _needs_sm80()
     from triton_mla_sparse.ops.sparse_mla import launch
     from triton_mla_sparse.testing import ptx_jit
@@ -593,11 +650,18 @@ def test_the_sm80_and_sm89_code_by_ptx_jit(cc, tile, tmp_path):
         pytest.skip(why)
     g = torch.Generator().manual_seed(cc)
     cache, idx, q, kw = _problem(5, 40, 1000, 64, 64, True, g)
-    bh, bn, w, ring = tile
-    if not _fits_this_gpu(bh, bn, ring):
+    bh, bn, w, ring = tile[:4]
+    split_qk = tile[4:] == ("split",)
+    if not _fits_this_gpu(bh, bn, ring, split_qk=split_qk):
         pytest.skip("this tile needs more than this GPU's shared memory")
     cfg = dataclasses.replace(
-        AMPERE, block_h=bh, block_n=bn, num_warps=w, num_stages=ring, num_splits=3
+        AMPERE,
+        block_h=bh,
+        block_n=bn,
+        num_warps=w,
+        num_stages=ring,
+        num_splits=3,
+        split_qk=split_qk,
     )
     kernel = launch.FORWARD[DS_MLA_AMPERE_GLUON]
     emu = ptx_jit.enable(cc, str(tmp_path), reset=launch.launchable_kernels())

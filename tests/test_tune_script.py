@@ -3,6 +3,7 @@ integer decode forced on one with it), every configuration it times is a plan th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -209,7 +210,8 @@ def test_gluon_sweep_plans_on_sm90(tune, monkeypatch):
 def test_ampere_sweep_plans_on_the_path(tune, monkeypatch, cc):
     """Each case times the path's Triton tile, then the mma.sync Gluon kernel in the tiles that
     path's shared memory holds (on the 99 KB parts 16 heads, and 32 with fp8_ds_mla's one-slot
-    ring), all plans the kernels run."""
+    ring), fp8_ds_mla's 16-head four-warp tiles with QK^T split over the latent and without,
+    all plans the kernels run."""
     from triton_mla_sparse.ops.sparse_mla.plan import AMPERE_FAMILIES
 
     arch = next(a for a in TARGETS if a.backend == "cuda" and a.cc == cc)
@@ -228,12 +230,20 @@ def test_ampere_sweep_plans_on_the_path(tune, monkeypatch, cc):
             assert heads == {16, 32, 64}, (cc, case)
         for c in cfgs[1:]:
             smem = ampere_gluon_smem(
-                c.block_h, c.block_n, c.num_stages, case.kv_format, num_warps=c.num_warps
+                c.block_h, c.block_n, c.num_stages, case.kv_format, split_qk=c.split_qk
             )
             assert smem <= arch.smem_bytes
+        split = [c for c in cfgs if c.split_qk]
+        if case.kv_format == "fp8_ds_mla":
+            assert split and all((c.block_h, c.num_warps) == (16, 4) for c in split), case
+            assert all(dataclasses.replace(c, split_qk=False) in cfgs for c in split), case
+        else:
+            assert not split, case
         for cfg in cfgs:
             plan = plan_of(case, cfg, arch)
             assert (plan.family in AMPERE_FAMILIES) == (cfg.gluon == "ampere")
+            if plan.family in AMPERE_FAMILIES and case.kv_format == "fp8_ds_mla":
+                assert plan.constexprs["SPLIT_QK"] == cfg.split_qk
 
 
 def test_register_cap_sweep_plans_on_sm90(tune, monkeypatch):

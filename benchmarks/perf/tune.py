@@ -32,6 +32,7 @@ from triton_mla_sparse.ops.sparse_mla.heuristics import (
     choose_config,
     max_block_h,
     num_splits_for,
+    splits_qk,
 )
 from triton_mla_sparse.testing import measure_ceilings
 from triton_mla_sparse.workloads import Case, deepseek_v4_case
@@ -227,7 +228,8 @@ AMPERE_RING1_TILES = ((16, 32, 4), (16, 16, 4), (32, 32, 4), (64, 32, 8), *AMPER
 def ampere_tiles(c: Case) -> list[KernelConfig]:
     """The path's Triton tile beside the mma.sync Gluon kernel in each tile and ring that fits
     this path's shared memory (heuristics.ampere_gluon_smem; more than 16 heads only where the
-    call has more), each at the split count the heuristics give that tile."""
+    call has more), each at the split count the heuristics give that tile; fp8_ds_mla's
+    16-head four-warp tiles also with QK^T split over the latent (KernelConfig.split_qk)."""
     arch = arch_of(torch.device("cuda"))
     base = triton_config(c, c.topk, arch)
     ds_mla = c.kv_format == "fp8_ds_mla"  # its tile dequantized with the fp16 fold
@@ -239,24 +241,23 @@ def ampere_tiles(c: Case) -> list[KernelConfig]:
     for block_h, block_n, warps, ring in tiles:
         if block_h > 16 and c.heads <= 16:
             continue
-        if ampere_gluon_smem(block_h, block_n, ring, c.kv_format, num_warps=warps) > (
-            arch.smem_bytes
-        ):
+        if ampere_gluon_smem(block_h, block_n, ring, c.kv_format) > arch.smem_bytes:
             continue
         programs = c.tokens * -(-c.heads // block_h)
         splits = num_splits_for(programs, c.topk, block_n, arch.num_sms, block_h)
-        out.append(
-            KernelConfig(
-                block_h,
-                block_n,
-                warps,
-                ring,
-                num_splits=splits,
-                stage_dequant=ds_mla,
-                fp16_fold=ds_mla,
-                gluon="ampere",
-            )
+        cfg = KernelConfig(
+            block_h,
+            block_n,
+            warps,
+            ring,
+            num_splits=splits,
+            stage_dequant=ds_mla,
+            fp16_fold=ds_mla,
+            gluon="ampere",
         )
+        out.append(cfg)
+        if ds_mla and splits_qk(block_h, warps):
+            out.append(dataclasses.replace(cfg, split_qk=True))
     return out
 
 
@@ -290,7 +291,7 @@ def ampere_reg_tiles(c: Case) -> list[KernelConfig]:
     variants += [(t, cap, True) for t, cap in AMPERE_QR_REG_TILES if ds_mla]
     out = [default]
     for (block_h, block_n, warps), cap, qr in variants:
-        if ampere_gluon_smem(block_h, block_n, ring, c.kv_format, qr, warps) > arch.smem_bytes:
+        if ampere_gluon_smem(block_h, block_n, ring, c.kv_format, qr) > arch.smem_bytes:
             continue
         splits = num_splits_for(c.tokens, c.topk, block_n, arch.num_sms, block_h)
         for k in sorted({splits, (3 * splits + 1) // 2, 2 * splits}):

@@ -75,7 +75,8 @@ def config_label(cfg: KernelConfig) -> str:
     into the tile (KernelConfig.fp16_fold), ``+gluon:<form>`` the Gluon kernel of that form
     (KernelConfig.gluon: the sm90 kernels, or "ampere", the mma.sync ones), ``+maxreg<N>`` a
     register cap (KernelConfig.max_registers), ``+qrreg`` q's RoPE part in registers
-    (KernelConfig.q_rope_in_registers)."""
+    (KernelConfig.q_rope_in_registers), ``+splitqk`` QK^T split over the latent
+    (KernelConfig.split_qk)."""
     label = f"h{cfg.block_h} n{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages} k{cfg.num_splits}"
     if cfg.idx_ahead:
         label += " +ia"
@@ -91,6 +92,8 @@ def config_label(cfg: KernelConfig) -> str:
         label += f" +maxreg{cfg.max_registers}"
     if cfg.q_rope_in_registers:
         label += " +qrreg"
+    if cfg.split_qk:
+        label += " +splitqk"
     return label
 
 

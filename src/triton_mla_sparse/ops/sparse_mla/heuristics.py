@@ -39,6 +39,7 @@ __all__ = [
     "max_block_h",
     "num_splits_for",
     "split_len_for",
+    "splits_qk",
     "tile_config",
 ]
 
@@ -106,11 +107,16 @@ class KernelConfig:
     max_registers: int | None = None
     # The mma.sync fp8_ds_mla kernel (gluon="ampere"): q's RoPE part held as the rope MMA's
     # operand in registers for the whole walk instead of in shared memory (BLOCK_H x 64 x 2
-    # bytes less, a few more registers), for tiles that stage q in shared memory (16-head
-    # four-warp tiles hold all of q in registers anyway), so that with max_registers a 16-head
-    # one-slot tile fits three programs into an sm90 multiprocessor. For timing; False in
-    # every default.
+    # bytes less, a few more registers), so that with max_registers its 16-head one-slot tile
+    # fits three programs into an sm90 multiprocessor (not with split_qk, which holds all of q
+    # in registers). For timing; False in every default.
     q_rope_in_registers: bool = False
+    # The mma.sync fp8_ds_mla kernel (gluon="ampere") in a 16-head four-warp tile: QK^T split
+    # over the latent, one 128-column chunk a warp, with q in registers for the whole walk and
+    # the four partial S tiles summed through shared memory (a fifth less shared-memory traffic
+    # a step, q no longer in shared memory). The default where each program walks at least
+    # AMPERE_GLUON_SPLIT_QK_STEPS steps (ampere_gluon_config).
+    split_qk: bool = False
 
 
 # KernelConfig.e4m3_decode's values, and the form every path takes where no measurement chose
@@ -154,6 +160,15 @@ AMPERE_GLUON_BLOCK_N = 32
 AMPERE_GLUON_TOKENS = (1, 128)
 AMPERE_GLUON_DS_RING = 1
 AMPERE_GLUON_RING = 2
+# fp8_ds_mla in the 16-head four-warp tile: the fewest steps a program walks for QK^T split over
+# the latent (KernelConfig.split_qk) to be the default. Timed on the H200 against the unsplit
+# tile, Triton 3.8, 16 heads (docs/perf-log/47-qk-split-h200.txt): 1.05x its time in walks of
+# one step (1 and 4 tokens), 1.00x / 1.03x in walks of one and two (2 and 8 tokens), 0.97x in
+# four (16 tokens), 0.96x in 16 (64 tokens), 0.95x in 32 (128 tokens); the same on the sm80
+# and sm89 paths by PTX JIT (1.04-1.06x at one token, 0.94-0.97x from 16 tokens on).
+AMPERE_GLUON_SPLIT_QK_STEPS = 4
+# the split's warps: one per 128-column chunk of fp8_ds_mla's latent (its scale groups)
+SPLIT_QK_WARPS = 4
 
 
 @functools.cache
@@ -537,16 +552,27 @@ def ampere_gluon_config(
         return None
     programs = num_tokens * -(-num_heads // block_h)
     splits = num_splits_for(programs, width, AMPERE_GLUON_BLOCK_N, arch.num_sms, block_h)
+    num_warps = 8 if block_h >= 64 else 4
+    per_split = split_len_for(width, splits, AMPERE_GLUON_BLOCK_N)[0]
     return KernelConfig(
         block_h,
         AMPERE_GLUON_BLOCK_N,
-        8 if block_h >= 64 else 4,
+        num_warps,
         ring,
         num_splits=splits,
         stage_dequant=ds_mla,
         fp16_fold=ds_mla,
         gluon="ampere",
+        split_qk=ds_mla
+        and splits_qk(block_h, num_warps)
+        and per_split >= AMPERE_GLUON_SPLIT_QK_STEPS * AMPERE_GLUON_BLOCK_N,
     )
+
+
+def splits_qk(block_h: int, num_warps: int) -> bool:
+    """Whether the mma.sync fp8_ds_mla kernel can split QK^T over the latent in this tile
+    (KernelConfig.split_qk): 16 heads in four warps, one a latent chunk."""
+    return block_h == 16 and num_warps == SPLIT_QK_WARPS
 
 
 def ampere_gluon_smem(
@@ -555,27 +581,26 @@ def ampere_gluon_smem(
     ring: int,
     kv_format: str = "fp8_ds_mla",
     q_rope_in_registers: bool = False,
-    num_warps: int = 4,
+    split_qk: bool = False,
 ) -> int:
     """Bytes of shared memory a mma.sync Gluon kernel (kernels/ampere_gluon.py) takes in a tile
     of ``block_h`` heads and ``block_n`` rows with ``ring`` slots of gathered rows
-    (KernelConfig.num_stages) and ``num_warps`` warps. fp8_ds_mla: the raw rows with their four
-    fp32 scales per slot, two slots of RoPE values, the fp16 K tile, and then either (16 heads
-    in four warps, which split QK^T over the latent and hold q in registers) the four partial S
-    tiles in fp32 and the rows' validity in S's layout, or q in fp16 and its RoPE part and the
-    scratch of S's exchange between the warps in fp32 (16 heads in other warp counts) or of P's
-    layout conversion in 16 bits (wider tiles). Rows in q's dtype (kv_format "auto"): q, the
-    rows the MMAs read where they land, and P's scratch. tests/test_gluon_ampere.py checks it
-    against the compiler's figure. ``q_rope_in_registers``: q's RoPE part is not in shared
+    (KernelConfig.num_stages). fp8_ds_mla: the raw rows with their four fp32 scales per slot,
+    two slots of RoPE values, the fp16 K tile, and then either q in fp16 and its RoPE part and
+    a scratch (16-head tiles exchange S between the warps in fp32, wider ones convert P's
+    layout in 16 bits) or, with ``split_qk`` (KernelConfig.split_qk: q in registers), the four
+    partial S tiles in fp32 and the rows' validity. Rows in q's dtype (kv_format "auto"): q,
+    the rows the MMAs read where they land, and P's scratch. tests/test_gluon_ampere.py checks
+    it against the compiler's figure. ``q_rope_in_registers``: q's RoPE part is not in shared
     memory (KernelConfig.q_rope_in_registers)."""
-    latent, rope, scale_bytes, chunks = 512, 64, 4 * 4, 4
+    latent, rope, scale_bytes = 512, 64, 4 * 4
     q = block_h * (latent + (0 if q_rope_in_registers else rope)) * 2
     if kv_format == "auto":
         return q + ring * block_n * (latent + rope) * 2 + block_h * block_n * 2
     raw = ring * block_n * (latent + scale_bytes) + 2 * block_n * rope * 2
     k_tile = block_n * latent * 2
-    if block_h == 16 and num_warps == chunks:
-        return raw + k_tile + chunks * block_h * block_n * 4 + block_n
+    if split_qk:
+        return raw + k_tile + SPLIT_QK_WARPS * block_h * block_n * 4 + block_n
     scratch = block_h * block_n * (4 if block_h == 16 else 2)
     return q + raw + k_tile + scratch
 

@@ -19,11 +19,13 @@ from .heuristics import (
     E4M3_DECODE_DEFAULT,
     E4M3_DECODES,
     SCALED_CHUNK_FORMATS,
+    SPLIT_QK_WARPS,
     KernelConfig,
     choose_config,
     e4m3_decode_for,
     fp16_mma_for,
     split_len_for,
+    splits_qk,
 )
 
 # Kernel families (kernels/): one per way a cache row is laid out.
@@ -288,6 +290,19 @@ def check_config(cfg: KernelConfig, kv_format: str, has_bt: bool) -> None:
             f"fp8_ds_mla kernel (gluon='ampere', kv_format='fp8_ds_mla') only (got "
             f"gluon={cfg.gluon!r}, kv_format={kv_format!r})"
         )
+    if cfg.split_qk and not (
+        cfg.gluon == "ampere"
+        and kv_format == "fp8_ds_mla"
+        and splits_qk(cfg.block_h, cfg.num_warps)
+        and not cfg.q_rope_in_registers
+    ):
+        raise ValueError(
+            f"config {cfg} asks for split_qk=True, which applies to the mma.sync fp8_ds_mla "
+            f"kernel (gluon='ampere', kv_format='fp8_ds_mla') in a tile of 16 heads in "
+            f"{SPLIT_QK_WARPS} warps, without q_rope_in_registers (got gluon={cfg.gluon!r}, "
+            f"kv_format={kv_format!r}, block_h={cfg.block_h}, num_warps={cfg.num_warps}, "
+            f"q_rope_in_registers={cfg.q_rope_in_registers})"
+        )
     decode = cfg.e4m3_decode
     if decode is not None and decode not in E4M3_DECODES:
         raise ValueError(
@@ -492,6 +507,7 @@ def make_plan(
         if family == DS_MLA_AMPERE_GLUON:
             constexprs["RING"] = cfg.num_stages
             constexprs["QR_REGS"] = cfg.q_rope_in_registers
+            constexprs["SPLIT_QK"] = cfg.split_qk
     merge = None
     if split:
         s_pad = 1 << (num_splits - 1).bit_length()

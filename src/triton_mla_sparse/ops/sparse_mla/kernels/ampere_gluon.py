@@ -308,6 +308,7 @@ def sparse_mla_ds_mla_ampere_gluon_kernel(
     EXTRA_PAGE_SHIFT: gl.constexpr,
     RING: gl.constexpr,
     QR_REGS: gl.constexpr,
+    SPLIT_QK: gl.constexpr,
 ):
 
     gl.static_assert(L == 512, "fp8_ds_mla's 512 NoPE values")
@@ -321,13 +322,18 @@ def sparse_mla_ds_mla_ampere_gluon_kernel(
     # the columns; S [BLOCK_H, BLOCK_N] and O [BLOCK_H, L] in the same arrangement
     WARPS_M: gl.constexpr = gl.num_warps() if gl.num_warps() < BLOCK_H // 16 else BLOCK_H // 16
     WARPS_N: gl.constexpr = gl.num_warps() // WARPS_M
-    # 16 heads in four warps split QK^T over the latent instead of over S's columns: warp c
-    # multiplies latent chunk c (128 NoPE columns, 16 RoPE ones) for all BLOCK_N rows, with its
-    # slice of q held in registers for the whole walk (every other tile re-reads all of q from
-    # shared memory each step: 64 of a 16-head step's ~200 KB of shared-memory traffic); the
-    # four partial S tiles are summed through shared memory, which leaves every warp the whole
-    # tile for the online softmax, and PV keeps the same split: warp c accumulates O's chunk c
-    SPLIT_QK: gl.constexpr = gl.num_warps() == NUM_CHUNKS if BLOCK_H == 16 else False
+    # SPLIT_QK (KernelConfig.split_qk), 16 heads in four warps: QK^T split over the latent
+    # instead of over S's columns: warp c multiplies latent chunk c (128 NoPE columns, 16 RoPE
+    # ones) for all BLOCK_N rows, with its slice of q held in registers for the whole walk (the
+    # other form re-reads all of q from shared memory each step: 64 of a 16-head step's ~200 KB
+    # of shared-memory traffic); the four partial S tiles are summed through shared memory,
+    # which leaves every warp the whole tile for the online softmax, and PV keeps the same
+    # split: warp c accumulates O's chunk c. It pays back its setup over a walk of several
+    # steps only (heuristics.AMPERE_GLUON_SPLIT_QK_STEPS).
+    gl.static_assert(
+        not SPLIT_QK or (BLOCK_H == 16 and gl.num_warps() == NUM_CHUNKS and not QR_REGS),
+        "QK^T split over the latent: 16 heads in one warp per latent chunk, all of q in registers",
+    )
     KW: gl.constexpr = L // NUM_CHUNKS  # a chunk's NoPE columns
     RW: gl.constexpr = 64 // NUM_CHUNKS  # its RoPE columns (the ring holds 64 a row)
     # the latent slices' accumulators QK^T interleaves (1, 2 or 4): with the warp's 8-column
