@@ -270,6 +270,35 @@ def test_plan_label_says_what_runs():
     assert " k64 " in label(h200, "auto", 1, 16, config=asked) + " "
 
 
+def test_the_legend_explains_every_mark_a_label_can_carry():
+    """verify's and bench's legend (bench.LABEL_LEGEND) names every mark config_label and
+    plan_label print: a configuration with every field set, the packed decodes, and the plan's
+    own marks."""
+    from triton_mla_sparse.bench import LABEL_LEGEND, PACKED_LABELS
+
+    every = KernelConfig(
+        16,
+        32,
+        4,
+        1,
+        2,
+        idx_ahead=True,
+        stage_dequant=True,
+        pdl=False,
+        fp16_fold=True,
+        gluon="ampere",
+        max_registers=168,
+        q_rope_in_registers=True,
+        split_qk=True,
+    )
+    marks = config_label(every).split()[5:] + [m.strip() for m in PACKED_LABELS.values()]
+    marks += ["+int", "+qmma"]  # plan_label's (test_plan_label_says_what_runs)
+    assert len(marks) == 12, marks
+    for mark in marks:
+        stem = re.sub(r"(?<=:)\w+$|\d+$", "", mark)  # +gluon:ampere -> +gluon:, +maxreg168
+        assert stem in LABEL_LEGEND, (mark, stem)
+
+
 def test_config_label():
     assert config_label(KernelConfig(16, 32, 4, 3, 2, idx_ahead=True)) == "h16 n32 w4 s3 k2 +ia"
     cfg = KernelConfig(64, 32, 8, 2, 1, stage_dequant=True, pdl=False)

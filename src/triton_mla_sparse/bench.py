@@ -119,6 +119,17 @@ def plan_label(plan: LaunchPlan) -> str:
     return label
 
 
+# What plan_label's marks mean, for the tables that print them (verify, bench)
+LABEL_LEGEND = (
+    "kernel (as run): heads per program h, rows per gather step n, warps w, stages s (the\n"
+    "  mma.sync kernels: ring slots), top-k splits k; +ia indices a step ahead, +st staged\n"
+    "  fp8_ds_mla tiles, -pdl merge without dependent launch, +f16fold fp16 MMAs with the scales\n"
+    "  folded into the tile, +gluon:<form> a Gluon kernel (ampere: mma.sync), +maxreg<N> a\n"
+    "  register cap, +qrreg q's RoPE part in registers, +splitqk QK^T split over the latent,\n"
+    "  +int integer e4m3 decode (+pk / +pknm packed), +qmma MMAs in q's dtype"
+)
+
+
 def check_rows(case: Case) -> torch.Tensor | None:
     """Tokens checked against the reference: all of a decode, an evenly spread sample of a long
     prefill (tokens are computed independently; the float32 reference of 4096 x 128 heads would

@@ -313,7 +313,7 @@ def _bench(args: argparse.Namespace, device, emu) -> int:
         except flashmla.PeerUnavailable as e:
             print(e, file=sys.stderr)
             return 2
-    from ..bench import prepare, run_case, run_flashmla
+    from ..bench import LABEL_LEGEND, prepare, run_case, run_flashmla
     from ..ops.sparse_mla.heuristics import arch_of, choose_config
     from ..testing import measure_ceilings
     from ..workloads import PAGE, Case
@@ -450,6 +450,7 @@ def _bench(args: argparse.Namespace, device, emu) -> int:
     if emu is not None:
         print(f"{path}: not an sm{emu.cc} GPU's times")
     print(table(rows, header))
+    print(LABEL_LEGEND)
     for p in peers.values():
         if p.error:
             print(f"flashmla {p.kv_format} {p.case}: {p.error}")

@@ -31,7 +31,7 @@ def main(args: argparse.Namespace) -> int:
         print("No GPU found: running Triton's interpreter on CPU at reduced sizes (fp16).")
         use_interpreter()
         device = torch.device("cpu")
-    from ..bench import run_case
+    from ..bench import LABEL_LEGEND, run_case
     from ..testing import sparse_mla_tolerance
     from ..workloads import verify_cases
 
@@ -73,10 +73,6 @@ def main(args: argparse.Namespace) -> int:
     print()
     header = ["case", "kv", "dtype", "TxH", "topk", "kernel", "rel err", "tol", "result", "time"]
     print(table(rows, header))
-    print(
-        "kernel (as run): heads per program h, rows per gather step n, warps w, stages s, top-k\n"
-        "  splits k; +ia indices a step ahead, +st staged fp8_ds_mla tiles, +int integer e4m3\n"
-        "  decode, +qmma MMAs in q's dtype, -pdl merge without dependent launch"
-    )
+    print(LABEL_LEGEND)
     print(f"{len(rows) - failed} passed, {failed} failed")
     return 1 if failed else 0
