@@ -145,9 +145,34 @@ def _gather_ds(
     # _gather's cp.async of one step's rows; with SPLIT_QK the RoPE values land in the slot
     # [NUM_CHUNKS, BLOCK_N, R / NUM_CHUNKS] (ROPE_LAYOUT of that rank), chunk c holding columns
     # [c * R / NUM_CHUNKS, (c + 1) * R / NUM_CHUNKS) of every row: QK^T's warp c multiplies them
-    if not SPLIT_QK:
-        m_n = _gather(
-            KV,
+    # (gathered below, _gather taking the NoPE bytes and scales only)
+    R_ROWS: gl.constexpr = 0 if SPLIT_QK else R
+    ROWS_ROPE_LAYOUT: gl.constexpr = NOPE_LAYOUT if SPLIT_QK else ROPE_LAYOUT
+    m_n = _gather(
+        KV,
+        Idx,
+        i_t,
+        w0,
+        w_hi,
+        stride_it,
+        stride_iw,
+        num_rows,
+        page_size,
+        stride_kb,
+        nope_slot,
+        scale_slot,
+        rope_slot,
+        BLOCK_N,
+        L,
+        R_ROWS,
+        PAGE_SHIFT,
+        NOPE_LAYOUT,
+        SCALE_LAYOUT,
+        ROWS_ROPE_LAYOUT,
+    )
+    if SPLIT_QK and R > 0:
+        RC: gl.constexpr = R // NUM_CHUNKS
+        o_row, m_r = _rows(
             Idx,
             i_t,
             w0,
@@ -157,65 +182,17 @@ def _gather_ds(
             num_rows,
             page_size,
             stride_kb,
-            nope_slot,
-            scale_slot,
-            rope_slot,
+            ROW_BYTES,
             BLOCK_N,
-            L,
-            R,
             PAGE_SHIFT,
-            NOPE_LAYOUT,
-            SCALE_LAYOUT,
-            ROPE_LAYOUT,
+            gl.SliceLayout(0, gl.SliceLayout(2, ROPE_LAYOUT)),
         )
-    else:
-        m_n = _gather(
-            KV,
-            Idx,
-            i_t,
-            w0,
-            w_hi,
-            stride_it,
-            stride_iw,
-            num_rows,
-            page_size,
-            stride_kb,
-            nope_slot,
-            scale_slot,
-            rope_slot,
-            BLOCK_N,
-            L,
-            0,
-            PAGE_SHIFT,
-            NOPE_LAYOUT,
-            SCALE_LAYOUT,
-            NOPE_LAYOUT,
-        )
-        if R > 0:
-            RC: gl.constexpr = R // NUM_CHUNKS
-            o_row, m_r = _rows(
-                Idx,
-                i_t,
-                w0,
-                w_hi,
-                stride_it,
-                stride_iw,
-                num_rows,
-                page_size,
-                stride_kb,
-                ROW_BYTES,
-                BLOCK_N,
-                PAGE_SHIFT,
-                gl.SliceLayout(0, gl.SliceLayout(2, ROPE_LAYOUT)),
-            )
-            o_c = gl.arange(0, NUM_CHUNKS, layout=gl.SliceLayout(1, gl.SliceLayout(2, ROPE_LAYOUT)))
-            o_j = gl.arange(0, RC, layout=gl.SliceLayout(0, gl.SliceLayout(1, ROPE_LAYOUT)))
-            p_row = (KV + o_row[None, :, None] + ROPE_OFFSET).to(gl.pointer_type(gl.bfloat16))
-            p_rope = p_row + (o_c[:, None, None] * RC + o_j[None, None, :])
-            m_rope = (
-                (o_c < NUM_CHUNKS)[:, None, None] & m_r[None, :, None] & (o_j < RC)[None, None, :]
-            )
-            _ASYNC_LOAD(rope_slot, p_rope, mask=m_rope)
+        o_c = gl.arange(0, NUM_CHUNKS, layout=gl.SliceLayout(1, gl.SliceLayout(2, ROPE_LAYOUT)))
+        o_j = gl.arange(0, RC, layout=gl.SliceLayout(0, gl.SliceLayout(1, ROPE_LAYOUT)))
+        p_row = (KV + o_row[None, :, None] + ROPE_OFFSET).to(gl.pointer_type(gl.bfloat16))
+        p_rope = p_row + (o_c[:, None, None] * RC + o_j[None, None, :])
+        m_rope = (o_c < NUM_CHUNKS)[:, None, None] & m_r[None, :, None] & (o_j < RC)[None, None, :]
+        _ASYNC_LOAD(rope_slot, p_rope, mask=m_rope)
     return m_n
 
 
