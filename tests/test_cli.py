@@ -456,6 +456,71 @@ def test_ptx_jit_refusal_accepts_newer_nvidia_gpus():
     assert ptx_jit.path_label(80, "NVIDIA H200") == "sm80 path by PTX JIT on NVIDIA H200"
 
 
+def test_carveout_lands_on_the_targets_shared_memory_configuration():
+    """ptx_jit.carveout_percent rounds down, so that the driver's rounding up to a configuration
+    of the host lands on the target's: on an H200 (228 KB a multiprocessor, configurations 0, 8,
+    16, 32, 64, 100, 132, 164, 196, 228 KB) 100 KB for sm86 / sm89, 164 KB for sm80 / sm87."""
+    from triton_mla_sparse.testing import ptx_jit
+
+    h200 = 228 * 1024
+    configs_kb = (0, 8, 16, 32, 64, 100, 132, 164, 196, 228)
+    for cc, want_kb in ((80, 164), (86, 100), (87, 164), (89, 100)):
+        pct = ptx_jit.carveout_percent(cc, h200)
+        asked = pct * h200 / 100
+        served = min(c for c in configs_kb if c * 1024 >= asked)
+        assert served == want_kb == ptx_jit.TARGET_SMEM_PER_SM[cc] // 1024, (cc, pct, served)
+    assert ptx_jit.carveout_percent(89, 100 * 1024) == 100  # never past the whole
+    for bad in ((90, h200), (89, 0)):
+        with pytest.raises(ValueError):
+            ptx_jit.carveout_percent(*bad)
+
+
+@pytest.mark.skipif(
+    not HAS_GPU or torch.version.hip is not None, reason="runs sm_8x PTX through the CUDA driver"
+)
+def test_target_smem_sets_each_loaded_kernels_carveout():
+    """enable(target_smem=True): every kernel loaded while enabled carries the target's
+    preferred carveout (read back from the driver), the kernels pass the reference check, and
+    disable() removes the load hook."""
+    import ctypes
+
+    import triton.knobs as knobs
+
+    from triton_mla_sparse.ops.sparse_mla import launch
+    from triton_mla_sparse.testing import ptx_jit
+
+    dev = torch.device("cuda")
+    if ptx_jit.refusal(89, torch.cuda.get_device_capability(dev), hip=False) is not None:
+        pytest.skip("this GPU does not run sm89 PTX")
+    torch.zeros(1, device=dev)
+    cuda = ctypes.CDLL("libcuda.so.1")
+
+    def carveout(kernel) -> int:
+        value = ctypes.c_int()
+        err = cuda.cuFuncGetAttribute(
+            ctypes.byref(value),
+            ptx_jit._CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+            ctypes.c_void_p(kernel.function),
+        )
+        assert err == 0, err
+        return value.value
+
+    kernels = launch.launchable_kernels()
+    hooks = list(knobs.runtime.kernel_load_end_hook.calls)
+    smem = torch.cuda.get_device_properties(dev).shared_memory_per_multiprocessor
+    emu = ptx_jit.enable(89, reset=kernels, target_smem=True)
+    try:
+        ptx_jit.check_jit(emu, dev)
+        case = Case("c", 2, 64, rows=2048, topk=128, kv_format="fp8_ds_mla", holes=True)
+        assert run_case(case, dev, time_it=False).passed
+        built = [k for kern in kernels for k in ptx_jit.loaded(kern)]
+        assert built
+        assert {carveout(k) for k in built} == {ptx_jit.carveout_percent(89, smem)}
+    finally:
+        emu.disable()
+    assert knobs.runtime.kernel_load_end_hook.calls == hooks
+
+
 @pytest.mark.skipif(
     not HAS_GPU or torch.version.hip is not None, reason="runs sm_8x PTX through the CUDA driver"
 )

@@ -2,15 +2,16 @@
 
     ncu --clock-control none --kernel-name regex:sparse_mla --section SpeedOfLight \
         --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
-        python benchmarks/perf/profile_cases.py [NAME_SUBSTRING ...]
+        python benchmarks/perf/profile_cases.py [--arch sm80|sm86|sm89] [NAME_SUBSTRING ...]
 
 Each case runs once with the configuration the call would choose by default (or the one
 named) after a check against the reference; nothing else launches a kernel whose name starts with ``sparse_mla``.
+``--arch``: that target's path by PTX JIT (its heuristics and code, as ``bench --arch``).
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
 
 import torch
 
@@ -23,6 +24,7 @@ CASES = [
     (Case("bf16 decode T=128 H=16", 128, 16), None),
     (Case("bf16 decode T=128 H=16, one 64-row buffer", 128, 16), KernelConfig(16, 64, 4, 2, 2)),
     (Case("bf16 decode T=128 H=128", 128, 128), None),
+    (Case("fp8_ds_mla decode T=128 H=128", 128, 128, kv_format="fp8_ds_mla"), None),
     (Case("fp8_ds_mla decode T=128 H=16", 128, 16, kv_format="fp8_ds_mla"), None),
     (Case("fp8 decode T=128 H=16", 128, 16, kv_format="fp8"), None),
     (Case("bf16 decode T=1 H=16", 1, 16), None),
@@ -39,8 +41,16 @@ CASES = [
 
 
 def main() -> None:
-    want = sys.argv[1:]  # optional substrings of case names
+    from triton_mla_sparse.cli.bench import ARCH_CHOICES, start_emulation
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--arch", choices=sorted(ARCH_CHOICES), help="a target's path by PTX JIT")
+    ap.add_argument("names", nargs="*", help="substrings of the case names to run (default all)")
+    args = ap.parse_args()
+    want = args.names
     dev = torch.device("cuda")
+    if args.arch is not None and start_emulation(ARCH_CHOICES[args.arch], dev) is None:
+        raise SystemExit(2)  # it says why
     for case, cfg in CASES:
         if want and not any(w in case.name for w in want):
             continue

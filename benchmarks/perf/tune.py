@@ -497,6 +497,12 @@ def main() -> None:
         help="run the sweeps on that target's path by PTX JIT (this GPU's times)",
     )
     ap.add_argument(
+        "--target-smem",
+        action="store_true",
+        help="with --arch: each kernel gets that target's shared memory per multiprocessor, so "
+        "that as many programs share one as on the target (testing.ptx_jit.carveout_percent)",
+    )
+    ap.add_argument(
         "--max-seconds",
         type=float,
         help="start no configuration after this many seconds minus a reserve for one more "
@@ -508,16 +514,25 @@ def main() -> None:
         help="only the cases with these token counts, comma-separated (e.g. 64,128)",
     )
     args = ap.parse_args()
+    if args.target_smem and args.arch is None:
+        ap.error("--target-smem applies to a target's path: give --arch too")
     args.out.mkdir(parents=True, exist_ok=True)
     dev = torch.device("cuda")
     path = "native"
     if args.arch is not None:
         from triton_mla_sparse.cli.bench import start_emulation
+        from triton_mla_sparse.testing import ptx_jit
         from triton_mla_sparse.testing.ptx_jit import path_label
 
-        if start_emulation(ARCH_CHOICES[args.arch], dev) is None:  # it says why
+        torch.zeros(1, device=dev)  # a CUDA context, for --target-smem's driver calls
+        emu = start_emulation(ARCH_CHOICES[args.arch], dev, target_smem=args.target_smem)
+        if emu is None:  # it says why
             raise SystemExit(2)
         path = path_label(ARCH_CHOICES[args.arch], torch.cuda.get_device_name(dev))
+        if args.target_smem:
+            path += (
+                f", {ptx_jit.TARGET_SMEM_PER_SM[emu.cc] // 1024} KB shared memory a multiprocessor"
+            )
         print(f"sweeping the {path}: this GPU's times, not an {args.arch} GPU's", flush=True)
     sweep(args, dev, path)
 

@@ -249,9 +249,10 @@ def main(args: argparse.Namespace) -> int:
             emu.disable()
 
 
-def start_emulation(cc: int, device):
+def start_emulation(cc: int, device, target_smem: bool = False):
     """The sm<cc> PTX-JIT emulation, enabled and checked on ``device``; None (after saying
-    why on stderr) where this GPU cannot run that target's PTX."""
+    why on stderr) where this GPU cannot run that target's PTX. ``target_smem``: each kernel
+    gets the target's shared memory per multiprocessor (ptx_jit.enable)."""
     import torch
 
     from ..ops.sparse_mla import launch
@@ -261,7 +262,7 @@ def start_emulation(cc: int, device):
     why = ptx_jit.refusal(cc, torch.cuda.get_device_capability(device), hip)
     if why is None:
         # kernels launched before would keep their native binaries: start them afresh
-        emu = ptx_jit.enable(cc, reset=launch.launchable_kernels())
+        emu = ptx_jit.enable(cc, reset=launch.launchable_kernels(), target_smem=target_smem)
         try:
             ptx_jit.check_jit(emu, device)
             return emu

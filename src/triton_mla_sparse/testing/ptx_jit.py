@@ -19,7 +19,12 @@ It proves the instruction streams and tiles of those targets on real hardware; t
 emulation say nothing about an A100 or L40S (:func:`path_label` names them for what they are).
 Shared memory is the host GPU's (227 KB on an H200), so a kernel that would not fit the emulated
 part still runs: check :func:`describe`'s ``shared`` against the target's limit
-(:attr:`Emulation.arch`'s ``smem_bytes``). Before relying on it, :func:`refusal` says whether
+(:attr:`Emulation.arch`'s ``smem_bytes``). By default the host's multiprocessors also hold as
+many programs as its shared memory allows (two 97 KB programs on an H200, one on an L40S's
+100 KB); with ``target_smem=True`` each kernel loaded while enabled asks the driver for the
+target's shared-memory configuration per multiprocessor (the preferred carveout,
+:data:`TARGET_SMEM_PER_SM`), so that programs share a multiprocessor as they would on the
+target. Before relying on it, :func:`refusal` says whether
 this GPU can run the target's PTX at all, and :func:`check_jit` loads one small kernel through
 the driver's JIT (an older driver refuses a newer PTX ISA version).
 
@@ -53,6 +58,14 @@ EMULATED_CCS = (80, 86, 87, 89)
 CC_MAJOR = 10
 # elements of check_jit's probe kernel (one block)
 _PROBE_N = 128
+# Shared memory per multiprocessor of the emulated targets, bytes (CUDA C++ Programming Guide,
+# compute capabilities table: 8.0 and 8.7 have 164 KB, 8.6 and 8.9 100 KB), the configuration
+# enable(target_smem=True) asks the host's driver for
+TARGET_SMEM_PER_SM = {80: 164 * 1024, 86: 100 * 1024, 87: 164 * 1024, 89: 100 * 1024}
+# cuda.h: CUfunction_attribute CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT and
+# CUdevice_attribute CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR
+_CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT = 9
+_CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR = 82
 
 
 class EmulationUnavailable(RuntimeError):
@@ -112,6 +125,48 @@ class Compiled:
             f"{self.name}: .target {self.target} {self.mma} shared {self.shared / 1024:.1f} KB "
             f"({kind})"
         )
+
+
+def carveout_percent(cc: int, host_smem_per_sm: int) -> int:
+    """The preferred shared-memory carveout, in percent of the host's shared memory per
+    multiprocessor, whose configuration is ``cc``'s (:data:`TARGET_SMEM_PER_SM`). The driver
+    rounds a carveout up to a configuration the host supports (an H200's: 0, 8, 16, 32, 64,
+    100, 132, 164, 196 and 228 KB), so the percentage is rounded down: 43% of 228 KB is 98 KB,
+    which the driver serves as 100 KB; 71%, 162 KB, as 164 KB."""
+    if cc not in TARGET_SMEM_PER_SM:
+        raise ValueError(f"cc must be one of {sorted(TARGET_SMEM_PER_SM)}, got {cc!r}")
+    if host_smem_per_sm <= 0:
+        raise ValueError(f"host_smem_per_sm must be positive, got {host_smem_per_sm!r}")
+    return min(100, TARGET_SMEM_PER_SM[cc] * 100 // host_smem_per_sm)
+
+
+def _carveout_hook(cc: int) -> Any:
+    """A Triton kernel-load hook that sets each loaded kernel's preferred carveout to ``cc``'s
+    shared memory per multiprocessor (through the CUDA driver API)."""
+    import ctypes
+
+    cuda = ctypes.CDLL("libcuda.so.1")
+    device, smem = ctypes.c_int(), ctypes.c_int()
+    for call in (
+        cuda.cuCtxGetDevice(ctypes.byref(device)),
+        cuda.cuDeviceGetAttribute(
+            ctypes.byref(smem), _CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, device
+        ),
+    ):
+        if call != 0:
+            raise EmulationUnavailable(f"reading the GPU's shared memory: CUDA driver error {call}")
+    percent = carveout_percent(cc, smem.value)
+
+    def hook(module, function, name, *_):
+        err = cuda.cuFuncSetAttribute(
+            ctypes.c_void_p(function),
+            _CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+            ctypes.c_int(percent),
+        )
+        if err != 0:
+            raise RuntimeError(f"{name}: setting the {percent}% carveout: CUDA driver error {err}")
+
+    return hook
 
 
 def _ptx_facts(ptx: str) -> tuple[str | None, str]:
@@ -220,6 +275,7 @@ def enable(
     *,
     reset: Iterable[Any] = (),
     patch_project_arch: bool = True,
+    target_smem: bool = False,
 ) -> Emulation:
     """Make Triton compile for ``sm_<cc>`` and load the PTX through the driver's JIT.
 
@@ -230,6 +286,10 @@ def enable(
         reset: JITFunctions whose in-memory caches are cleared (kernels launched before this
             call would otherwise keep their native binaries).
         patch_project_arch: make ``triton_mla_sparse``'s architecture lookup report ``cc``.
+        target_smem: give each kernel loaded while enabled the target's shared-memory
+            configuration per multiprocessor (:func:`carveout_percent`), so that as many of
+            its programs share a multiprocessor as on the target (needs a GPU and a CUDA
+            context: call it after the first CUDA operation).
     """
     global _ACTIVE
     if not isinstance(cc, int) or cc not in EMULATED_CCS:
@@ -281,6 +341,12 @@ def enable(
         if patch_project_arch:
             target_mod, arch = _project_arch(cc)
             _patch(undo, target_mod, "_cuda_arch", lambda index: arch)
+        if target_smem:
+            import triton.knobs as knobs
+
+            hook = _carveout_hook(cc)
+            knobs.runtime.kernel_load_end_hook.add(hook)
+            undo.append(lambda: knobs.runtime.kernel_load_end_hook.remove(hook))
         for kernel in reset:
             caches = getattr(kernel, "device_caches", None)  # none under TRITON_INTERPRET
             if caches is not None:
