@@ -246,6 +246,42 @@ def test_ampere_sweep_plans_on_the_path(tune, monkeypatch, cc):
                 assert plan.constexprs["SPLIT_QK"] == cfg.split_qk
 
 
+@pytest.mark.parametrize("cc", [80, 89])
+def test_wide_tile_sweep_plans_on_the_sm80_and_sm89_paths(tune, monkeypatch, cc):
+    """Each 64-128-head case times the path's default first, then the mma.sync kernel's 32- and
+    64-head tiles that fit the path's shared memory (fp8_ds_mla with one raw-row slot, rows in
+    q's dtype with two), the eight-warp 32-head tile also under a 128-register cap, each a plan
+    that runs."""
+    from triton_mla_sparse.ops.sparse_mla.plan import AMPERE_FAMILIES
+
+    arch = next(a for a in TARGETS if a.backend == "cuda" and a.cc == cc)
+    monkeypatch.setattr(tune, "arch_of", lambda device: arch)
+    cases, configs = tune.SWEEPS["ampere-wide"]
+    assert {c.heads for c in cases} == {64, 128} and {c.tokens for c in cases} == {64, 128}
+    for case in cases:
+        cfgs = configs(case)
+        assert cfgs[0] == choose_config(
+            case.tokens, case.heads, case.topk, case.dtype, case.kv_format, arch
+        )
+        rest = cfgs[1:]
+        assert len(set(cfgs)) == len(cfgs)
+        ring = 1 if case.kv_format == "fp8_ds_mla" else 2
+        for c in rest:
+            assert c.gluon == "ampere" and c.num_stages == ring and c.block_h in (32, 64)
+            assert ampere_gluon_smem(c.block_h, c.block_n, ring, case.kv_format) <= arch.smem_bytes
+            assert c.max_registers in (None, 128)
+            assert c.max_registers is None or (c.block_h, c.num_warps) == (32, 8)
+        if case.kv_format == "fp8_ds_mla":  # 32 heads in one slot fit both paths
+            capped = [c for c in rest if c.max_registers == 128]
+            assert capped and (32, 8) in {(c.block_h, c.num_warps) for c in rest}
+        if cc == 89:  # 99 KB: no 64-head tile
+            assert all(c.block_h == 32 for c in rest)
+        for cfg in cfgs:
+            plan = plan_of(case, cfg, arch)
+            assert (plan.family in AMPERE_FAMILIES) == (cfg.gluon == "ampere")
+            assert plan.config.max_registers == cfg.max_registers
+
+
 def test_register_cap_sweep_plans_on_sm90(tune, monkeypatch):
     """Each case times sm90's default first, then the mma.sync kernel's 16-head tiles, uncapped
     and under the caps that raise their programs per multiprocessor, each a plan that runs."""

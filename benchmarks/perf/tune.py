@@ -1,7 +1,7 @@
 """Sweep launch configurations for key shapes on the GPU: check each against the reference, time it.
 
-    python benchmarks/perf/tune.py [--only mem,mma,small,ds,occ,ds-mma,e4m3,stage,v4,gluon,gluon-bf16,ampere,ampere-regs] [--out DIR]
-        [--arch sm80|sm86|sm89] [--tokens 64,128] [--max-seconds S]
+    python benchmarks/perf/tune.py [--only mem,mma,small,ds,occ,ds-mma,e4m3,stage,v4,gluon,gluon-bf16,ampere,ampere-regs,ampere-wide] [--out DIR]
+        [--arch sm80|sm86|sm89 [--target-smem]] [--tokens 64,128] [--max-seconds S]
 
 Prints one line per configuration and the best per case; writes every row, with the ceilings
 measured in the same run, to DIR/tune.json (DIR defaults to ./out/tune). Evidence for the
@@ -312,6 +312,52 @@ def ampere_reg_tiles(c: Case) -> list[KernelConfig]:
     return out
 
 
+# The mma.sync kernels' 32- and 64-head tiles for calls of 64-128 heads, in four and eight
+# warps per 32 heads; the eight-warp 32-head tile also capped at 128 registers, where ptxas
+# otherwise gives it 252 and a 256-thread program the whole register file (log entry 48: one
+# program per multiprocessor where the four-warp tile runs two on an H200). Run it with --arch
+# and --target-smem: on the target's shared memory a 97 KB program runs alone on a 100 KB
+# multiprocessor (sm86 / sm89), so there the eight-warp tiles double the warps per
+# multiprocessor instead of halving the programs.
+AMPERE_WIDE_SWEEP_TILES = (
+    ((32, 32, 4), ()),
+    ((32, 32, 8), (128,)),
+    ((64, 32, 8), ()),
+    ((64, 32, 16), ()),
+)
+
+
+def ampere_wide_tiles(c: Case) -> list[KernelConfig]:
+    """The path's default, then the mma.sync kernel's 32- and 64-head tiles that fit its shared
+    memory, in four and eight warps per 32 heads, uncapped and under the caps above, each at
+    the split count the heuristics give that tile."""
+    arch = arch_of(torch.device("cuda"))
+    default = choose_config(c.tokens, c.heads, c.topk, c.dtype, c.kv_format, arch)
+    ds_mla = c.kv_format == "fp8_ds_mla"
+    ring = 1 if ds_mla else 2
+    out = [default]
+    for (block_h, block_n, warps), caps in AMPERE_WIDE_SWEEP_TILES:
+        if ampere_gluon_smem(block_h, block_n, ring, c.kv_format) > arch.smem_bytes:
+            continue
+        programs = c.tokens * -(-c.heads // block_h)
+        splits = num_splits_for(programs, c.topk, block_n, arch.num_sms, block_h)
+        for cap in (None, *caps):
+            cfg = KernelConfig(
+                block_h,
+                block_n,
+                warps,
+                ring,
+                num_splits=splits,
+                stage_dequant=ds_mla,
+                fp16_fold=ds_mla,
+                gluon="ampere",
+                max_registers=cap,
+            )
+            if cfg != default:
+                out.append(cfg)
+    return out
+
+
 def grid(block_h, block_n, warps, stages, splits, **extra):
     combos = itertools.product(block_h, block_n, warps, stages, splits)
     return [KernelConfig(*c, **extra) for c in combos]
@@ -470,6 +516,17 @@ SWEEPS = {
             for t in (128, 64, 16, 1)
         ],
         ampere_reg_tiles,
+    ),
+    # fp8_ds_mla and bf16 rows at 64-128 heads: the mma.sync kernels' 32- and 64-head tiles in
+    # four and eight warps per 32 heads, on a path (--arch, with --target-smem)
+    "ampere-wide": (
+        [
+            Case(f"decode T={t} H={h}", t, h, kv_format=fmt)
+            for fmt in ("fp8_ds_mla", "auto")
+            for t in (128, 64)
+            for h in (128, 64)
+        ],
+        ampere_wide_tiles,
     ),
     # fp8_ds_mla and DeepSeek-V4 in 64-head folded tiles: indices a step ahead or not
     "ahead": (
