@@ -59,6 +59,9 @@ RING1_TILES = [(16, 32, 4), (16, 16, 4), (32, 32, 4), (64, 32, 8), *WIDE_TILES]
 # fp8_ds_mla with QK^T split over the latent (KernelConfig.split_qk): 16 heads in four warps,
 # the serving tile's 32-row steps and 16-row ones, with one and two raw-row slots
 SPLIT_QK_TILES = [(16, 32, 4, 1), (16, 16, 4, 1), (16, 32, 4, 2)]
+# rows in q's dtype with QK^T split over the latent: 16 heads in four warps, two slots of 32 or
+# 16 rows
+ROWS_SPLIT_QK_TILES = [(16, 32, 4), (16, 16, 4)]
 
 
 SM80 = Arch("cuda", 80, 108)
@@ -323,11 +326,15 @@ def test_compiles_for_sm80_to_sm90(cc, tmp_path):
     for bh, bn, w, ring in SPLIT_QK_TILES:
         tile = dict(base, block_h=bh, block_n=bn, num_warps=w, num_stages=ring, split_qk=True)
         jobs[f"{bh}-{bn}-{w}-ring{ring}split"] = dict(tile, **serving)
+    for bh, bn, w in ROWS_SPLIT_QK_TILES:
+        jobs[f"{bh}-{bn}-{w}-autosplit"] = dict(
+            jobs["16-32-4-auto"], block_h=bh, block_n=bn, num_warps=w, split_qk=True
+        )
     results = compile_ahead(jobs, tmp_path, tmp_path / "asm")
     assert set(results) == set(jobs)
     fits = set()
     for key, res in results.items():
-        family = "latent" if key.endswith("auto") else "ds_mla"
+        family = "latent" if key.endswith(("auto", "autosplit")) else "ds_mla"
         kernel = res[f"sparse_mla_{family}_ampere_gluon_kernel"]
         assert "error" not in kernel, (key, kernel)
         bh, bn = (int(x) for x in key.split("-")[:2])
@@ -413,6 +420,38 @@ def test_qk_runs_as_independent_chains(split_qk, tmp_path):
     # QK^T's NoPE part: four chains of 8 (was one of 32); RoPE 4 products; PV 2 per tile
     assert chains[:4] == [8, 8, 8, 8] and chains[4] <= 4, chains
     assert sum(chains) == 32 + 4 + 2 * (512 // 8) // 4, chains
+
+
+@pytest.mark.parametrize("split_qk", [False, True], ids=["columns", "latent"])
+def test_rows_qk_chains(split_qk, tmp_path):
+    """kv_format "auto"'s 16-head four-warp tile, PTX for sm90: over S's columns a warp's QK^T
+    is one chain of 36 mma.sync products (32 NoPE, 4 RoPE); split over the latent
+    (KernelConfig.split_qk) its 128-column chunk makes four independent chains of nine (eight
+    NoPE, one RoPE), one per 8-column tile of S. PV: chains of two (32 rows)."""
+    job = dict(
+        arch="cuda:90",
+        dtype="bf16",
+        fmt="auto",
+        block_h=16,
+        block_n=32,
+        num_warps=4,
+        num_stages=2,
+        gluon="ampere",
+        has_bt=False,
+        split=True,
+        rope=64,
+        has_counts=True,
+        store_lse=True,
+        sink=True,
+        split_qk=split_qk,
+    )
+    results = compile_ahead({"rows": job}, tmp_path, tmp_path / "asm")
+    assert not any("error" in r for r in results["rows"].values()), results["rows"]
+    chains = _mma_chains((tmp_path / "asm" / "rows.1.ptx").read_text())
+    qk = [9, 9, 9, 9] if split_qk else [36]
+    assert chains[: len(qk)] == qk and chains[len(qk)] == 2, chains
+    # PV: 512 columns / 8 / 4 warps tiles a warp (a warp's chunk when split), two products each
+    assert sum(chains) == 36 + 2 * (512 // 8) // 4, chains
 
 
 def test_two_one_slot_16_head_programs_share_an_sm80_multiprocessor():
@@ -690,6 +729,56 @@ def test_latent_rows_match_the_reference(
         pytest.skip("this tile needs more than this GPU's shared memory")
     cfg = dataclasses.replace(AMPERE_LATENT, block_h=bh, block_n=bn, num_warps=w, num_splits=splits)
     check_latent_rows(cfg, tokens, heads, width, page, rope, sink, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_GPU, reason="Gluon kernels run on a GPU only")
+@pytest.mark.parametrize("tile", ROWS_SPLIT_QK_TILES, ids=lambda t: "x".join(map(str, t)))
+@pytest.mark.parametrize(SCENARIO_ARGS, SCENARIOS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_latent_rows_split_qk_match_the_reference(
+    tile, tokens, heads, width, splits, page, rope, sink, dtype
+):
+    """kv_format "auto" with QK^T split over the latent (KernelConfig.split_qk: q's chunks in
+    the warps' registers, the ring chunk-major, the partial S tiles summed through shared
+    memory), every scenario, both 16-bit dtypes."""
+    _needs_sm80()
+    bh, bn, w = tile
+    if not _fits_this_gpu(bh, bn, 2, "auto", split_qk=True):
+        pytest.skip("this tile needs more than this GPU's shared memory")
+    cfg = dataclasses.replace(
+        AMPERE_LATENT, block_h=bh, block_n=bn, num_warps=w, num_splits=splits, split_qk=True
+    )
+    check_latent_rows(cfg, tokens, heads, width, page, rope, sink, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_GPU, reason="Gluon kernels run on a GPU only")
+@pytest.mark.parametrize("cc", [80, 89])
+@pytest.mark.parametrize("split_qk", [False, True], ids=["columns", "latent"])
+def test_latent_rows_sm80_and_sm89_code_by_ptx_jit(cc, split_qk, tmp_path):
+    """kv_format "auto"'s 16-head tile as Triton builds it for an A100 and an L40S, split over
+    the latent and not, loaded through the driver's JIT on this newer GPU, against the
+    reference."""
+    _needs_sm80()
+    from triton_mla_sparse.ops.sparse_mla import launch
+    from triton_mla_sparse.testing import ptx_jit
+
+    dev = torch.device("cuda")
+    why = ptx_jit.refusal(cc, torch.cuda.get_device_capability(dev), hip=False)
+    if why is not None:
+        pytest.skip(why)
+    cfg = dataclasses.replace(AMPERE_LATENT, num_splits=3, split_qk=split_qk)
+    kernel = launch.FORWARD[LATENT_AMPERE_GLUON]
+    emu = ptx_jit.enable(cc, str(tmp_path), reset=launch.launchable_kernels())
+    try:
+        ptx_jit.check_jit(emu, dev)
+        check_latent_rows(cfg, 5, 40, 1000, 64, 64, True, torch.bfloat16)
+        built = [ptx_jit.describe(k) for k in ptx_jit.loaded(kernel)]
+        assert built and all(b.is_ptx and b.target == f"sm_{cc}" for b in built), built
+        assert all(b.mma == "mma.sync" for b in built), built
+    finally:
+        emu.disable()
 
 
 def check_latent_rows(cfg, tokens, heads, width, page, rope, sink, dtype):

@@ -476,22 +476,27 @@ def test_q_rope_in_registers_is_the_mma_sync_ds_mla_kernels_alone():
             plan_for(4, 16, 2048, fmt=fmt, config=cfg)
 
 
-def test_split_qk_is_the_16_head_four_warp_ds_mla_tiles_alone():
-    """KernelConfig.split_qk reaches the mma.sync fp8_ds_mla kernel as SPLIT_QK in 16-head
-    four-warp tiles, and is refused, naming what was asked, for every other tile, kernel and
-    format, and beside q_rope_in_registers (the split holds all of q in registers)."""
+def test_split_qk_is_the_16_head_four_warp_mma_sync_tiles_alone():
+    """KernelConfig.split_qk reaches the mma.sync kernels (fp8_ds_mla and rows in q's dtype) as
+    SPLIT_QK in 16-head four-warp tiles, and is refused, naming what was asked, for every other
+    tile, kernel and format, and beside q_rope_in_registers (the split holds all of q in
+    registers)."""
     ampere = KernelConfig(
         16, 32, 4, 1, stage_dequant=True, fp16_fold=True, gluon="ampere", split_qk=True
     )
-    assert plan_for(4, 16, 2048, fmt="fp8_ds_mla", config=ampere).constexprs["SPLIT_QK"] is True
-    off = dataclasses.replace(ampere, split_qk=False)
-    assert plan_for(4, 16, 2048, fmt="fp8_ds_mla", config=off).constexprs["SPLIT_QK"] is False
+    rows = KernelConfig(16, 32, 4, 2, gluon="ampere", split_qk=True)
+    for fmt, cfg in (("fp8_ds_mla", ampere), ("auto", rows)):
+        assert plan_for(4, 16, 2048, fmt=fmt, config=cfg).constexprs["SPLIT_QK"] is True
+        off = dataclasses.replace(cfg, split_qk=False)
+        assert plan_for(4, 16, 2048, fmt=fmt, config=off).constexprs["SPLIT_QK"] is False
     for fmt, cfg, word in (
         ("fp8_ds_mla", dataclasses.replace(ampere, num_warps=8), "num_warps=8"),
         ("fp8_ds_mla", dataclasses.replace(ampere, block_h=32), "block_h=32"),
         ("fp8_ds_mla", dataclasses.replace(ampere, q_rope_in_registers=True), "q_rope_in_reg"),
         ("fp8_ds_mla", dataclasses.replace(ampere, gluon=None), "gluon=None"),
-        ("auto", KernelConfig(16, 32, 4, 2, gluon="ampere", split_qk=True), "kv_format='auto'"),
+        ("auto", dataclasses.replace(rows, block_h=32), "block_h=32"),
+        ("auto", dataclasses.replace(rows, gluon=None), "gluon=None"),
+        ("fp8", dataclasses.replace(rows, gluon=None), "kv_format='fp8'"),
     ):
         with pytest.raises(ValueError, match="split_qk") as err:
             plan_for(4, 16, 2048, fmt=fmt, config=cfg)

@@ -233,16 +233,14 @@ def test_ampere_sweep_plans_on_the_path(tune, monkeypatch, cc):
                 c.block_h, c.block_n, c.num_stages, case.kv_format, split_qk=c.split_qk
             )
             assert smem <= arch.smem_bytes
+        # both formats' 16-head four-warp tiles, split over the latent and not
         split = [c for c in cfgs if c.split_qk]
-        if case.kv_format == "fp8_ds_mla":
-            assert split and all((c.block_h, c.num_warps) == (16, 4) for c in split), case
-            assert all(dataclasses.replace(c, split_qk=False) in cfgs for c in split), case
-        else:
-            assert not split, case
+        assert split and all((c.block_h, c.num_warps) == (16, 4) for c in split), case
+        assert all(dataclasses.replace(c, split_qk=False) in cfgs for c in split), case
         for cfg in cfgs:
             plan = plan_of(case, cfg, arch)
             assert (plan.family in AMPERE_FAMILIES) == (cfg.gluon == "ampere")
-            if plan.family in AMPERE_FAMILIES and case.kv_format == "fp8_ds_mla":
+            if plan.family in AMPERE_FAMILIES:
                 assert plan.constexprs["SPLIT_QK"] == cfg.split_qk
 
 

@@ -228,8 +228,9 @@ AMPERE_RING1_TILES = ((16, 32, 4), (16, 16, 4), (32, 32, 4), (64, 32, 8), *AMPER
 def ampere_tiles(c: Case) -> list[KernelConfig]:
     """The path's Triton tile beside the mma.sync Gluon kernel in each tile and ring that fits
     this path's shared memory (heuristics.ampere_gluon_smem; more than 16 heads only where the
-    call has more), each at the split count the heuristics give that tile; fp8_ds_mla's
-    16-head four-warp tiles also with QK^T split over the latent (KernelConfig.split_qk)."""
+    call has more), each at the split count the heuristics give that tile; the 16-head
+    four-warp tiles also with QK^T split over the latent (KernelConfig.split_qk), in both
+    formats."""
     arch = arch_of(torch.device("cuda"))
     base = triton_config(c, c.topk, arch)
     ds_mla = c.kv_format == "fp8_ds_mla"  # its tile dequantized with the fp16 fold
@@ -256,7 +257,7 @@ def ampere_tiles(c: Case) -> list[KernelConfig]:
             gluon="ampere",
         )
         out.append(cfg)
-        if ds_mla and splits_qk(block_h, warps):
+        if splits_qk(block_h, warps):
             out.append(dataclasses.replace(cfg, split_qk=True))
     return out
 

@@ -111,11 +111,11 @@ class KernelConfig:
     # fits three programs into an sm90 multiprocessor (not with split_qk, which holds all of q
     # in registers). For timing; False in every default.
     q_rope_in_registers: bool = False
-    # The mma.sync fp8_ds_mla kernel (gluon="ampere") in a 16-head four-warp tile: QK^T split
-    # over the latent, one 128-column chunk a warp, with q in registers for the whole walk and
-    # the four partial S tiles summed through shared memory (a fifth less shared-memory traffic
-    # a step, q no longer in shared memory). The default where each program walks at least
-    # AMPERE_GLUON_SPLIT_QK_STEPS steps (ampere_gluon_config).
+    # The mma.sync kernels (gluon="ampere") in a 16-head four-warp tile: QK^T split over the
+    # latent, one 128-column chunk a warp, with q in registers for the whole walk and the four
+    # partial S tiles summed through shared memory (a fifth less shared-memory traffic a step,
+    # q no longer in shared memory). fp8_ds_mla: the default where each program walks at least
+    # AMPERE_GLUON_SPLIT_QK_STEPS steps (ampere_gluon_config); rows in q's dtype: opt-in.
     split_qk: bool = False
 
 
@@ -167,8 +167,11 @@ AMPERE_GLUON_RING = 2
 # four (16 tokens), 0.96x in 16 (64 tokens), 0.95x in 32 (128 tokens); the same on the sm80
 # and sm89 paths by PTX JIT (1.04-1.06x at one token, 0.94-0.97x from 16 tokens on).
 AMPERE_GLUON_SPLIT_QK_STEPS = 4
-# the split's warps: one per 128-column chunk of fp8_ds_mla's latent (its scale groups)
+# the split's warps: one per 128-column chunk of the latent (fp8_ds_mla's scale groups)
 SPLIT_QK_WARPS = 4
+# the formats whose mma.sync kernel takes the split: fp8_ds_mla (the default from
+# AMPERE_GLUON_SPLIT_QK_STEPS steps) and rows in q's dtype (opt-in)
+SPLIT_QK_FORMATS = ("fp8_ds_mla", "auto")
 
 
 @functools.cache
@@ -570,7 +573,7 @@ def ampere_gluon_config(
 
 
 def splits_qk(block_h: int, num_warps: int) -> bool:
-    """Whether the mma.sync fp8_ds_mla kernel can split QK^T over the latent in this tile
+    """Whether the mma.sync kernels can split QK^T over the latent in this tile
     (KernelConfig.split_qk): 16 heads in four warps, one a latent chunk."""
     return block_h == 16 and num_warps == SPLIT_QK_WARPS
 
@@ -590,13 +593,17 @@ def ampere_gluon_smem(
     a scratch (16-head tiles exchange S between the warps in fp32, wider ones convert P's
     layout in 16 bits) or, with ``split_qk`` (KernelConfig.split_qk: q in registers), the four
     partial S tiles in fp32 and the rows' validity. Rows in q's dtype (kv_format "auto"): q,
-    the rows the MMAs read where they land, and P's scratch. tests/test_gluon_ampere.py checks
+    the rows the MMAs read where they land, and P's scratch (with ``split_qk``, the rows, the
+    four partial S tiles and the rows' validity). tests/test_gluon_ampere.py checks
     it against the compiler's figure. ``q_rope_in_registers``: q's RoPE part is not in shared
     memory (KernelConfig.q_rope_in_registers)."""
     latent, rope, scale_bytes = 512, 64, 4 * 4
     q = block_h * (latent + (0 if q_rope_in_registers else rope)) * 2
     if kv_format == "auto":
-        return q + ring * block_n * (latent + rope) * 2 + block_h * block_n * 2
+        rows = ring * block_n * (latent + rope) * 2
+        if split_qk:
+            return rows + SPLIT_QK_WARPS * block_h * block_n * 4 + block_n
+        return q + rows + block_h * block_n * 2
     raw = ring * block_n * (latent + scale_bytes) + 2 * block_n * rope * 2
     k_tile = block_n * latent * 2
     if split_qk:

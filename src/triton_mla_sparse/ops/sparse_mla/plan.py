@@ -19,6 +19,7 @@ from .heuristics import (
     E4M3_DECODE_DEFAULT,
     E4M3_DECODES,
     SCALED_CHUNK_FORMATS,
+    SPLIT_QK_FORMATS,
     SPLIT_QK_WARPS,
     KernelConfig,
     choose_config,
@@ -292,13 +293,13 @@ def check_config(cfg: KernelConfig, kv_format: str, has_bt: bool) -> None:
         )
     if cfg.split_qk and not (
         cfg.gluon == "ampere"
-        and kv_format == "fp8_ds_mla"
+        and kv_format in SPLIT_QK_FORMATS
         and splits_qk(cfg.block_h, cfg.num_warps)
         and not cfg.q_rope_in_registers
     ):
         raise ValueError(
-            f"config {cfg} asks for split_qk=True, which applies to the mma.sync fp8_ds_mla "
-            f"kernel (gluon='ampere', kv_format='fp8_ds_mla') in a tile of 16 heads in "
+            f"config {cfg} asks for split_qk=True, which applies to the mma.sync kernels "
+            f"(gluon='ampere', kv_format in {SPLIT_QK_FORMATS}) in a tile of 16 heads in "
             f"{SPLIT_QK_WARPS} warps, without q_rope_in_registers (got gluon={cfg.gluon!r}, "
             f"kv_format={kv_format!r}, block_h={cfg.block_h}, num_warps={cfg.num_warps}, "
             f"q_rope_in_registers={cfg.q_rope_in_registers})"
@@ -500,6 +501,8 @@ def make_plan(
             E4M3_DECODE=E4M3_DECODE_CONSTEXPR[cfg.e4m3_decode],
             K_SCALE_PTR=k_scale_tensor,
         )
+        if family == LATENT_AMPERE_GLUON:
+            constexprs["SPLIT_QK"] = cfg.split_qk
     else:
         constexprs = dict(common, STAGE=cfg.stage_dequant, FOLD_FP16=cfg.fp16_fold)
         if family in (DS_MLA, DS_MLA_GLUON, DS_MLA_GLUON_WS, DS_MLA_AMPERE_GLUON):

@@ -6,7 +6,7 @@ the code path of A100, A10, L40S and RTX 4090 and runs, as it is, on newer GPUs 
 step i + 1 are gathered with cp.async into the other half of a two-slot ring while step i is
 multiplied; QK^T and PV are mma.sync products from shared memory (ldmatrix), P from registers.
 Any BLOCK_H and BLOCK_N multiple of 16 and any warp count: warps take 16 head rows each, the
-rest split the columns; fp8_ds_mla's 16 heads in four warps split the latent instead (warp c
+rest split the columns; 16 heads in four warps may split the latent instead (warp c
 multiplies its chunk of q, held in registers, with the K tile's chunk c; the partial S tiles
 are summed through shared memory).
 
@@ -20,7 +20,8 @@ are summed through shared memory).
   programs fit an sm80 multiprocessor. The RoPE values, which the MMAs read from the ring, keep
   two slots either way.
 - rows in q's dtype, kv_format "auto" (sparse_mla_latent_ampere_gluon_kernel): the MMAs read
-  the ring's slot where the rows landed.
+  the ring's slot where the rows landed; with QK^T split over the latent (16 heads in four
+  warps) the ring keeps each slot's rows chunk-major, one 128-column chunk per warp.
 
 The runtime argument lists are the Triton kernels' (ds_mla.py, latent.py); what they do not
 implement (block tables, an extra index set, e4m3 latent rows) is refused by the plan before any
@@ -715,6 +716,79 @@ def _gather_latent(
 
 
 @gluon.jit
+def _gather_latent_chunks(
+    KV,
+    Idx,
+    i_t,
+    w0,
+    w_hi,
+    stride_it,
+    stride_iw,
+    num_rows,
+    page_size,
+    stride_kb,
+    stride_kr,
+    nope_slot,
+    rope_slot,
+    BLOCK_N: gl.constexpr,
+    L: gl.constexpr,
+    R: gl.constexpr,
+    PAGE_SHIFT: gl.constexpr,
+    NOPE3_LAYOUT: gl.constexpr,
+    ROPE3_LAYOUT: gl.constexpr,
+):
+    # _gather_latent into chunk-major slots: nope_slot [NUM_CHUNKS, BLOCK_N, L / NUM_CHUNKS]
+    # and rope_slot [NUM_CHUNKS, BLOCK_N, R / NUM_CHUNKS], chunk c holding every row's columns
+    # of latent chunk c (the split QK^T's warp c multiplies them). The rows' validity.
+    KW: gl.constexpr = L // NUM_CHUNKS
+    o_row, m_n = _rows(
+        Idx,
+        i_t,
+        w0,
+        w_hi,
+        stride_it,
+        stride_iw,
+        num_rows,
+        page_size,
+        stride_kb,
+        stride_kr,
+        BLOCK_N,
+        PAGE_SHIFT,
+        gl.SliceLayout(0, gl.SliceLayout(2, NOPE3_LAYOUT)),
+    )
+    o_c = gl.arange(0, NUM_CHUNKS, layout=gl.SliceLayout(1, gl.SliceLayout(2, NOPE3_LAYOUT)))
+    o_j = gl.arange(0, KW, layout=gl.SliceLayout(0, gl.SliceLayout(1, NOPE3_LAYOUT)))
+    p_nope = KV + o_row[None, :, None] + (o_c[:, None, None] * KW + o_j[None, None, :])
+    m_nope = (o_c < NUM_CHUNKS)[:, None, None] & m_n[None, :, None] & (o_j < KW)[None, None, :]
+    _ASYNC_LOAD(nope_slot, p_nope, mask=m_nope)
+    if R > 0:
+        RC: gl.constexpr = R // NUM_CHUNKS
+        o_row_r, m_r = _rows(
+            Idx,
+            i_t,
+            w0,
+            w_hi,
+            stride_it,
+            stride_iw,
+            num_rows,
+            page_size,
+            stride_kb,
+            stride_kr,
+            BLOCK_N,
+            PAGE_SHIFT,
+            gl.SliceLayout(0, gl.SliceLayout(2, ROPE3_LAYOUT)),
+        )
+        o_cr = gl.arange(0, NUM_CHUNKS, layout=gl.SliceLayout(1, gl.SliceLayout(2, ROPE3_LAYOUT)))
+        o_jr = gl.arange(0, RC, layout=gl.SliceLayout(0, gl.SliceLayout(1, ROPE3_LAYOUT)))
+        p_rope = KV + o_row_r[None, :, None] + L + (o_cr[:, None, None] * RC + o_jr[None, None, :])
+        m_rope = (
+            (o_cr < NUM_CHUNKS)[:, None, None] & m_r[None, :, None] & (o_jr < RC)[None, None, :]
+        )
+        _ASYNC_LOAD(rope_slot, p_rope, mask=m_rope)
+    return m_n
+
+
+@gluon.jit
 def sparse_mla_latent_ampere_gluon_kernel(
     Q_nope,  # [T, H, L]
     Q_rope,  # [T, H, R]
@@ -801,10 +875,23 @@ def sparse_mla_latent_ampere_gluon_kernel(
     EXTRA_HAS_BT: gl.constexpr,
     EXTRA_BT_SHIFT: gl.constexpr,
     EXTRA_PAGE_SHIFT: gl.constexpr,
+    SPLIT_QK: gl.constexpr,  # QK^T split over the latent, one chunk a warp (16 heads, 4 warps)
 ):
     gl.static_assert(L == 512 and (R == 64 or R == 0), "a 512-wide latent, 64 or no rope")
     gl.static_assert(BLOCK_H % 16 == 0 and BLOCK_N % 16 == 0, "16-row MMA tiles")
     gl.static_assert(not E4M3 and not HAS_BT and not HAS_EXTRA, "q's dtype rows, flat indices")
+    # SPLIT_QK (KernelConfig.split_qk): as the fp8_ds_mla kernel's, warp c multiplies its chunk
+    # of q, held in registers for the whole walk, with chunk c of every row (the ring keeps the
+    # rows chunk-major), the four partial S tiles are summed through shared memory so that each
+    # warp holds the whole tile for the online softmax, and warp c accumulates O's chunk c. The
+    # other form re-reads all of q from shared memory each step (a 16-head step's q is as many
+    # bytes as 16 of its rows).
+    gl.static_assert(
+        not SPLIT_QK or (BLOCK_H == 16 and gl.num_warps() == NUM_CHUNKS),
+        "QK^T split over the latent: 16 heads in one warp per latent chunk",
+    )
+    KW: gl.constexpr = L // NUM_CHUNKS  # a chunk's latent columns
+    RW: gl.constexpr = 64 // NUM_CHUNKS  # its RoPE columns (the ring holds 64 a row)
 
     WARPS_M: gl.constexpr = gl.num_warps() if gl.num_warps() < BLOCK_H // 16 else BLOCK_H // 16
     WARPS_N: gl.constexpr = gl.num_warps() // WARPS_M
@@ -813,72 +900,95 @@ def sparse_mla_latent_ampere_gluon_kernel(
     )
     A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
     B_OP: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
+    # SPLIT_QK: [chunk, ...] tiles, one chunk a warp; S and the softmax's rows in every warp
+    MMA3: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[2, 0], warps_per_cta=[gl.num_warps(), 1, 1], instr_shape=[1, 16, 8]
+    )
+    A3_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA3, k_width=2)
+    B3_OP: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA3, k_width=2)
+    S_ROWS: gl.constexpr = gl.SliceLayout(0, MMA3) if SPLIT_QK else MMA
     # 8 values (16 bytes, one cp.async) a thread along a row
     NOPE_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [gl.num_warps(), 1], [1, 0])
     ROPE_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
+    # SPLIT_QK's chunk-major gathers (and q): a warp's lanes span the four chunks of one row
+    # (128-byte pieces of it) and the warps split the rows, so that a thread computes as few
+    # row addresses as in the other form
+    NOPE3_LAYOUT: gl.constexpr = gl.BlockedLayout(
+        [1, 1, 8], [NUM_CHUNKS, 1, 32 // NUM_CHUNKS], [1, gl.num_warps(), 1], [2, 1, 0]
+    )
+    ROPE3_LAYOUT: gl.constexpr = gl.BlockedLayout(
+        [1, 1, 8], [NUM_CHUNKS, 4, 8 // NUM_CHUNKS], [1, gl.num_warps(), 1], [2, 1, 0]
+    )
     Q_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [gl.num_warps(), 1], [1, 0])
     OP_SMEM: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
+    OP3_SMEM: gl.constexpr = gl.SwizzledSharedLayout(
+        vec=8, per_phase=1, max_phase=8, order=[2, 1, 0]
+    )
+    # the partial S tiles in the MMA's fragments, 8-column groups swizzled over four rows (as
+    # the fp8_ds_mla kernel's)
+    SUM3_SMEM: gl.constexpr = gl.SwizzledSharedLayout(
+        vec=8, per_phase=1, max_phase=4, order=[2, 1, 0]
+    )
 
     i_hb, i_ts, i_s, i_t = _program_coords(num_hb, num_splits)
     dtype: gl.constexpr = Q_nope.dtype.element_ty
 
-    o_hq = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, Q_LAYOUT))
-    m_hq = o_hq < H
-    o_lq = gl.arange(0, L, layout=gl.SliceLayout(0, Q_LAYOUT))
-    p_q = Q_nope + i_t * stride_qnt + o_hq.to(gl.int64)[:, None] * stride_qnh
-    b_q = gl.load(p_q + o_lq[None, :] * stride_qnd, mask=m_hq[:, None], other=0.0)
-    q_s = gl.allocate_shared_memory(dtype, [BLOCK_H, L], OP_SMEM, b_q)
-    if R > 0:
-        o_rq = gl.arange(0, R, layout=gl.SliceLayout(0, Q_LAYOUT))
-        p_qr = Q_rope + i_t * stride_qrt + o_hq.to(gl.int64)[:, None] * stride_qrh
-        b_qr = gl.load(p_qr + o_rq[None, :] * stride_qrd, mask=m_hq[:, None], other=0.0)
-        qr_s = gl.allocate_shared_memory(dtype, [BLOCK_H, R], OP_SMEM, b_qr)
-
-    # the ring: two slots of gathered rows, read by the MMAs where they land
-    nope_ring = gl.allocate_shared_memory(dtype, [2, BLOCK_N, L], OP_SMEM)
-    rope_ring = gl.allocate_shared_memory(dtype, [2, BLOCK_N, 64], OP_SMEM)
+    if SPLIT_QK:
+        # each warp's chunk of q (and of its RoPE part) as its MMA operand in registers
+        o_cq = gl.arange(0, NUM_CHUNKS, layout=gl.SliceLayout(1, gl.SliceLayout(2, NOPE3_LAYOUT)))
+        o_hq3 = i_hb * BLOCK_H + gl.arange(
+            0, BLOCK_H, layout=gl.SliceLayout(0, gl.SliceLayout(2, NOPE3_LAYOUT))
+        )
+        m_hq3 = (o_cq < NUM_CHUNKS)[:, None, None] & (o_hq3 < H)[None, :, None]
+        o_kq = gl.arange(0, KW, layout=gl.SliceLayout(0, gl.SliceLayout(1, NOPE3_LAYOUT)))
+        p_q3 = Q_nope + i_t * stride_qnt + o_hq3.to(gl.int64)[None, :, None] * stride_qnh
+        p_q3 = p_q3 + (o_cq[:, None, None] * KW + o_kq[None, None, :]) * stride_qnd
+        b_qa3 = gl.convert_layout(gl.load(p_q3, mask=m_hq3, other=0.0), A3_OP)
+        if R > 0:
+            o_cr = gl.arange(
+                0, NUM_CHUNKS, layout=gl.SliceLayout(1, gl.SliceLayout(2, ROPE3_LAYOUT))
+            )
+            o_hr3 = i_hb * BLOCK_H + gl.arange(
+                0, BLOCK_H, layout=gl.SliceLayout(0, gl.SliceLayout(2, ROPE3_LAYOUT))
+            )
+            m_hr3 = (o_cr < NUM_CHUNKS)[:, None, None] & (o_hr3 < H)[None, :, None]
+            o_rj = gl.arange(0, RW, layout=gl.SliceLayout(0, gl.SliceLayout(1, ROPE3_LAYOUT)))
+            p_qr3 = Q_rope + i_t * stride_qrt + o_hr3.to(gl.int64)[None, :, None] * stride_qrh
+            p_qr3 = p_qr3 + (o_cr[:, None, None] * RW + o_rj[None, None, :]) * stride_qrd
+            b_qra3 = gl.convert_layout(gl.load(p_qr3, mask=m_hr3, other=0.0), A3_OP)
+        # the ring: two slots of gathered rows, chunk-major, and the partial S tiles
+        nope_ring = gl.allocate_shared_memory(dtype, [2, NUM_CHUNKS, BLOCK_N, KW], OP3_SMEM)
+        rope_ring = gl.allocate_shared_memory(dtype, [2, NUM_CHUNKS, BLOCK_N, RW], OP3_SMEM)
+        s_parts = gl.allocate_shared_memory(gl.float32, [NUM_CHUNKS, BLOCK_H, BLOCK_N], SUM3_SMEM)
+    else:
+        o_hq = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, Q_LAYOUT))
+        m_hq = o_hq < H
+        o_lq = gl.arange(0, L, layout=gl.SliceLayout(0, Q_LAYOUT))
+        p_q = Q_nope + i_t * stride_qnt + o_hq.to(gl.int64)[:, None] * stride_qnh
+        b_q = gl.load(p_q + o_lq[None, :] * stride_qnd, mask=m_hq[:, None], other=0.0)
+        q_s = gl.allocate_shared_memory(dtype, [BLOCK_H, L], OP_SMEM, b_q)
+        if R > 0:
+            o_rq = gl.arange(0, R, layout=gl.SliceLayout(0, Q_LAYOUT))
+            p_qr = Q_rope + i_t * stride_qrt + o_hq.to(gl.int64)[:, None] * stride_qrh
+            b_qr = gl.load(p_qr + o_rq[None, :] * stride_qrd, mask=m_hq[:, None], other=0.0)
+            qr_s = gl.allocate_shared_memory(dtype, [BLOCK_H, R], OP_SMEM, b_qr)
+        # the ring: two slots of gathered rows, read by the MMAs where they land
+        nope_ring = gl.allocate_shared_memory(dtype, [2, BLOCK_N, L], OP_SMEM)
+        rope_ring = gl.allocate_shared_memory(dtype, [2, BLOCK_N, 64], OP_SMEM)
 
     w_lo, w_hi, n_steps = _split_range(
         Counts, i_t, i_s, W, split_len, stride_ct, BLOCK_N, HAS_COUNTS
     )
     qk_scale = sm_scale * LOG2E
-    b_m = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(1, MMA))
-    b_l = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(1, MMA))
-    b_o = gl.zeros([BLOCK_H, L], gl.float32, layout=MMA)
-
-    m_next = _gather_latent(
-        KV,
-        Idx,
-        i_t,
-        w_lo,
-        w_hi,
-        stride_it,
-        stride_iw,
-        num_rows,
-        page_size,
-        stride_kb,
-        stride_kr,
-        nope_ring.index(0),
-        rope_ring.index(0),
-        BLOCK_N,
-        L,
-        R,
-        PAGE_SHIFT,
-        NOPE_LAYOUT,
-        ROPE_LAYOUT,
-    )
-    async_copy.commit_group()
-    for i_step in range(n_steps):
-        slot = i_step % 2
-        w0 = w_lo + i_step * BLOCK_N
-        m_n = m_next
-        # every thread is past its reads of the other slot (the previous step) before it refills
-        _BARRIER()
-        m_next = _gather_latent(
+    b_m = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(1, S_ROWS))
+    b_l = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(1, S_ROWS))
+    if SPLIT_QK:
+        b_o3 = gl.zeros([NUM_CHUNKS, BLOCK_H, KW], gl.float32, layout=MMA3)
+        m_next = _gather_latent_chunks(
             KV,
             Idx,
             i_t,
-            w0 + BLOCK_N,
+            w_lo,
             w_hi,
             stride_it,
             stride_iw,
@@ -886,8 +996,31 @@ def sparse_mla_latent_ampere_gluon_kernel(
             page_size,
             stride_kb,
             stride_kr,
-            nope_ring.index(1 - slot),
-            rope_ring.index(1 - slot),
+            nope_ring.index(0),
+            rope_ring.index(0),
+            BLOCK_N,
+            L,
+            R,
+            PAGE_SHIFT,
+            NOPE3_LAYOUT,
+            ROPE3_LAYOUT,
+        )
+    else:
+        b_o = gl.zeros([BLOCK_H, L], gl.float32, layout=MMA)
+        m_next = _gather_latent(
+            KV,
+            Idx,
+            i_t,
+            w_lo,
+            w_hi,
+            stride_it,
+            stride_iw,
+            num_rows,
+            page_size,
+            stride_kb,
+            stride_kr,
+            nope_ring.index(0),
+            rope_ring.index(0),
             BLOCK_N,
             L,
             R,
@@ -895,23 +1028,89 @@ def sparse_mla_latent_ampere_gluon_kernel(
             NOPE_LAYOUT,
             ROPE_LAYOUT,
         )
+    async_copy.commit_group()
+    for i_step in range(n_steps):
+        slot = i_step % 2
+        w0 = w_lo + i_step * BLOCK_N
+        m_n = m_next
+        # every thread is past its reads of the other slot (the previous step) before it
+        # refills (and, SPLIT_QK, past its reads of the partial S tiles)
+        _BARRIER()
+        if SPLIT_QK:
+            m_next = _gather_latent_chunks(
+                KV,
+                Idx,
+                i_t,
+                w0 + BLOCK_N,
+                w_hi,
+                stride_it,
+                stride_iw,
+                num_rows,
+                page_size,
+                stride_kb,
+                stride_kr,
+                nope_ring.index(1 - slot),
+                rope_ring.index(1 - slot),
+                BLOCK_N,
+                L,
+                R,
+                PAGE_SHIFT,
+                NOPE3_LAYOUT,
+                ROPE3_LAYOUT,
+            )
+        else:
+            m_next = _gather_latent(
+                KV,
+                Idx,
+                i_t,
+                w0 + BLOCK_N,
+                w_hi,
+                stride_it,
+                stride_iw,
+                num_rows,
+                page_size,
+                stride_kb,
+                stride_kr,
+                nope_ring.index(1 - slot),
+                rope_ring.index(1 - slot),
+                BLOCK_N,
+                L,
+                R,
+                PAGE_SHIFT,
+                NOPE_LAYOUT,
+                ROPE_LAYOUT,
+            )
         async_copy.commit_group()
         async_copy.wait_group(1)  # this step's rows are in
         _BARRIER()
 
-        # QK^T over 64-wide slices of the latent, then the rope
-        b_s = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=MMA)
         k_slot = nope_ring.index(slot)
-        for k in gl.static_range(L // K_SLICE):
-            b_qa = q_s.slice(k * K_SLICE, K_SLICE, dim=1).load(A_OP)
-            b_kb = k_slot.slice(k * K_SLICE, K_SLICE, dim=1).permute((1, 0)).load(B_OP)
-            b_s = mma_v2(b_qa, b_kb, b_s)
-        if R > 0:
-            b_qra = qr_s.load(A_OP)
-            b_krb = rope_ring.index(slot).permute((1, 0)).load(B_OP)
-            b_s = mma_v2(b_qra, b_krb, b_s)
+        if SPLIT_QK:
+            # warp c: its chunk's product over all BLOCK_N rows, then the four partial tiles
+            # summed through shared memory
+            b_sp = gl.zeros([NUM_CHUNKS, BLOCK_H, BLOCK_N], gl.float32, layout=MMA3)
+            b_sp = mma_v2(b_qa3, k_slot.permute((0, 2, 1)).load(B3_OP), b_sp)
+            if R > 0:
+                b_krb = rope_ring.index(slot).permute((0, 2, 1)).load(B3_OP)
+                b_sp = mma_v2(b_qra3, b_krb, b_sp)
+            s_parts.store(b_sp)
+            _BARRIER()
+            b_s = gl.sum(s_parts.slice(0, 1, dim=0).load(MMA3), 0)
+            for c in gl.static_range(1, NUM_CHUNKS):
+                b_s = b_s + gl.sum(s_parts.slice(c, 1, dim=0).load(MMA3), 0)
+        else:
+            # QK^T over 64-wide slices of the latent, then the rope
+            b_s = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=MMA)
+            for k in gl.static_range(L // K_SLICE):
+                b_qa = q_s.slice(k * K_SLICE, K_SLICE, dim=1).load(A_OP)
+                b_kb = k_slot.slice(k * K_SLICE, K_SLICE, dim=1).permute((1, 0)).load(B_OP)
+                b_s = mma_v2(b_qa, b_kb, b_s)
+            if R > 0:
+                b_qra = qr_s.load(A_OP)
+                b_krb = rope_ring.index(slot).permute((1, 0)).load(B_OP)
+                b_s = mma_v2(b_qra, b_krb, b_s)
 
-        m_s = gl.convert_layout(m_n, gl.SliceLayout(0, MMA))
+        m_s = gl.convert_layout(m_n, gl.SliceLayout(0, S_ROWS))
         b_s = gl.where(m_s[None, :], b_s * qk_scale, float("-inf"))
         b_m_new = gl.maximum(b_m, gl.max(b_s, 1))
         b_m_use = gl.where(b_m_new == float("-inf"), 0.0, b_m_new)
@@ -921,10 +1120,19 @@ def sparse_mla_latent_ampere_gluon_kernel(
         b_m = b_m_new
 
         # PV: P from registers in q's dtype, V the slot's latent rows
-        b_o = b_o * b_alpha[:, None]
-        b_pa = gl.convert_layout(b_p.to(dtype), A_OP)
-        b_o = mma_v2(b_pa, k_slot.load(B_OP), b_o)
+        if SPLIT_QK:
+            # warp c: O's chunk c, P (which every warp holds whole) times the rows' chunk c
+            b_o3 = b_o3 * gl.expand_dims(gl.expand_dims(b_alpha, 1), 0)
+            b_p3 = gl.expand_dims(b_p.to(dtype), 0).broadcast_to([NUM_CHUNKS, BLOCK_H, BLOCK_N])
+            b_o3 = mma_v2(gl.convert_layout(b_p3, A3_OP), k_slot.load(B3_OP), b_o3)
+        else:
+            b_o = b_o * b_alpha[:, None]
+            b_pa = gl.convert_layout(b_p.to(dtype), A_OP)
+            b_o = mma_v2(b_pa, k_slot.load(B_OP), b_o)
     async_copy.wait_group(0)
+    if SPLIT_QK:
+        # the chunks side by side: [BLOCK_H, L] in the other form's layout
+        b_o = gl.convert_layout(gl.reshape(gl.permute(b_o3, (1, 0, 2)), [BLOCK_H, L]), MMA)
 
     _store_result(
         b_o,
@@ -949,6 +1157,6 @@ def sparse_mla_latent_ampere_gluon_kernel(
         SPLIT,
         STORE_LSE,
         HAS_SINK,
-        MMA,
+        S_ROWS,
         MMA,
     )
