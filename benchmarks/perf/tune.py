@@ -230,7 +230,7 @@ def ampere_tiles(c: Case) -> list[KernelConfig]:
     this path's shared memory (heuristics.ampere_gluon_smem; more than 16 heads only where the
     call has more), each at the split count the heuristics give that tile; the 16-head
     four-warp tiles also with QK^T split over the latent (KernelConfig.split_qk), in both
-    formats."""
+    formats, with O rescaled every step and lazily (KernelConfig.lazy_rescale)."""
     arch = arch_of(torch.device("cuda"))
     base = triton_config(c, c.topk, arch)
     ds_mla = c.kv_format == "fp8_ds_mla"  # its tile dequantized with the fp16 fold
@@ -258,7 +258,8 @@ def ampere_tiles(c: Case) -> list[KernelConfig]:
         )
         out.append(cfg)
         if splits_qk(block_h, warps):
-            out.append(dataclasses.replace(cfg, split_qk=True))
+            split = dataclasses.replace(cfg, split_qk=True)
+            out += [split, dataclasses.replace(split, lazy_rescale=True)]
     return out
 
 
