@@ -320,3 +320,15 @@ def test_register_cap_sweep_plans_on_sm90(tune, monkeypatch):
             plan = plan_of(case, cfg, arch)
             assert (plan.family in AMPERE_FAMILIES) == (cfg.gluon == "ampere")
             assert plan.config.max_registers == cfg.max_registers
+
+
+def test_target_smem_needs_a_path(tune, monkeypatch, capsys, tmp_path):
+    """--target-smem gives the emulated target's shared memory per multiprocessor: without
+    --arch there is no target, and the script says so before touching a GPU."""
+    monkeypatch.setattr(
+        "sys.argv", ["tune.py", "--only", "ampere-wide", "--target-smem", "--out", str(tmp_path)]
+    )
+    with pytest.raises(SystemExit) as exc:
+        tune.main()
+    assert exc.value.code == 2
+    assert "--target-smem applies to a target's path: give --arch too" in capsys.readouterr().err
