@@ -359,8 +359,18 @@ def test_run_case_checks_before_timing():
         (["--e4m3-decode", "vector"], ["--e4m3-decode", "packed-nomask"]),
         (["--indexer", "--arch", "sm80"], ["--arch", "not with --indexer"]),
         (["--indexer", "--e4m3-decode", "packed"], ["--e4m3-decode", "not with --indexer"]),
+        (["--target-smem"], ["--target-smem", "needs --arch"]),
+        (["--indexer", "--target-smem"], ["--target-smem", "not with --indexer"]),
     ],
-    ids=["arch-sm75", "arch-bare-number", "decode-bogus", "indexer-arch", "indexer-decode"],
+    ids=[
+        "arch-sm75",
+        "arch-bare-number",
+        "decode-bogus",
+        "indexer-arch",
+        "indexer-decode",
+        "target-smem-alone",
+        "indexer-target-smem",
+    ],
 )
 def test_bench_arch_and_decode_arguments(no_gpu_work, capsys, argv, words):
     with pytest.raises(SystemExit) as info:
@@ -419,6 +429,29 @@ def test_bench_arch_refuses_where_the_ptx_cannot_run(
     assert err.startswith(f"triton-mla-sparse bench: error: --arch {arch}: ")
     for w in words:
         assert w in err, (w, err)
+
+
+@pytest.mark.parametrize("flag", [False, True], ids=["host-smem", "target-smem"])
+def test_bench_target_smem_reaches_the_emulation(fake_cuda, monkeypatch, flag):
+    """--target-smem asks ptx_jit.enable for the target's shared memory per multiprocessor;
+    without it the emulation keeps the host's."""
+    from triton_mla_sparse.testing import ptx_jit
+
+    asked = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_enable(cc, **kw):  # test double: records what bench asked for, runs nothing
+        asked.append((cc, kw.get("target_smem")))
+        raise Stop
+
+    monkeypatch.setattr(ptx_jit, "enable", fake_enable)
+    monkeypatch.setattr(torch, "zeros", lambda *a, **k: None)  # no CUDA context here
+    argv = ["bench", "--arch", "sm89"] + (["--target-smem"] if flag else [])
+    with pytest.raises(Stop):
+        main(argv)
+    assert asked == [(89, flag)]
 
 
 def test_bench_arch_refuses_when_the_driver_cannot_jit(fake_cuda, monkeypatch, capsys):

@@ -583,12 +583,11 @@ def main() -> None:
         from triton_mla_sparse.testing import ptx_jit
         from triton_mla_sparse.testing.ptx_jit import path_label
 
-        torch.zeros(1, device=dev)  # a CUDA context, for --target-smem's driver calls
         emu = start_emulation(ARCH_CHOICES[args.arch], dev, target_smem=args.target_smem)
         if emu is None:  # it says why
             raise SystemExit(2)
         path = path_label(ARCH_CHOICES[args.arch], torch.cuda.get_device_name(dev))
-        if args.target_smem:
+        if emu.target_smem:
             path += (
                 f", {ptx_jit.TARGET_SMEM_PER_SM[emu.cc] // 1024} KB shared memory a multiprocessor"
             )

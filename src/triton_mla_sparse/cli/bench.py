@@ -142,6 +142,14 @@ def add_args(p: argparse.ArgumentParser) -> None:
         "Exit 2 where this GPU cannot run the target's PTX",
     )
     p.add_argument(
+        "--target-smem",
+        action="store_true",
+        help="with --arch: give every kernel the target's shared memory per multiprocessor "
+        "(164 KB for sm80, 100 KB for sm86 / sm89, through the driver's preferred carveout), so "
+        "that as many programs share a multiprocessor as on the target; without it they share "
+        "this GPU's (228 KB on an H200)",
+    )
+    p.add_argument(
         "--e4m3-decode",
         type=csv_of(str, choices=E4M3_DECODES),
         help="with e4m3 caches (fp8, fp8_ds_mla), one run per listed form of the integer e4m3 "
@@ -195,6 +203,7 @@ def check_args(args: argparse.Namespace) -> str | None:
                 ("--plot", args.plot is not None),
                 ("--compare", args.compare is not None),
                 ("--arch", args.arch is not None),
+                ("--target-smem", args.target_smem),
                 ("--e4m3-decode", args.e4m3_decode is not None),
             )
             if used
@@ -209,6 +218,8 @@ def check_args(args: argparse.Namespace) -> str | None:
             "--full widens the --indexer grid and means nothing without --indexer; choose "
             "sparse_mla shapes with --decode, --heads and --prefill-heads"
         )
+    if args.target_smem and args.arch is None:
+        return "--target-smem gives an emulated target's shared memory: it needs --arch"
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         return "--plot needs matplotlib: pip install 'triton-mla-sparse[plot]'"
     return None
@@ -239,7 +250,7 @@ def main(args: argparse.Namespace) -> int:
         return run(args, device)
     emu = None
     if args.arch is not None:
-        emu = start_emulation(ARCH_CHOICES[args.arch], device)
+        emu = start_emulation(ARCH_CHOICES[args.arch], device, target_smem=args.target_smem)
         if emu is None:
             return 2
     try:
@@ -261,6 +272,8 @@ def start_emulation(cc: int, device, target_smem: bool = False):
     hip = getattr(torch.version, "hip", None) is not None
     why = ptx_jit.refusal(cc, torch.cuda.get_device_capability(device), hip)
     if why is None:
+        if target_smem:
+            torch.zeros(1, device=device)  # a CUDA context: the carveout hook asks the driver
         # kernels launched before would keep their native binaries: start them afresh
         emu = ptx_jit.enable(cc, reset=launch.launchable_kernels(), target_smem=target_smem)
         try:
@@ -329,9 +342,12 @@ def _bench(args: argparse.Namespace, device, emu) -> int:
     print(environment_line(env))
     path = "native"
     if emu is not None:
-        from ..testing.ptx_jit import path_label
+        from ..testing.ptx_jit import TARGET_SMEM_PER_SM, path_label
 
         path = path_label(emu.cc, env["gpu"])
+        if emu.target_smem:
+            smem_kb = TARGET_SMEM_PER_SM[emu.cc] // 1024
+            path += f", {smem_kb} KB shared memory a multiprocessor"
         env["path"], env["emulated_sms"] = path, emu.arch.num_sms
         print(
             f"timing the {path} (tiles and split counts for {emu.arch.num_sms} SMs): these are "

@@ -212,6 +212,7 @@ class Emulation:
     cache_dir: str
     compiled: list[Compiled] = dataclasses.field(default_factory=list)
     arch: Any = None
+    target_smem: bool = False  # kernels get the target's shared memory per multiprocessor
     _undo: list = dataclasses.field(default_factory=list, repr=False)
 
     def too_big(self, since: int = 0) -> list[Compiled]:
@@ -304,7 +305,7 @@ def enable(
 
     cache_dir = cache_dir or os.path.join(tempfile.gettempdir(), f"triton-ptx-jit-sm{cc}")
     os.makedirs(cache_dir, exist_ok=True)
-    emu = Emulation(cc, cache_dir, arch=_project_arch(cc)[1])
+    emu = Emulation(cc, cache_dir, arch=_project_arch(cc)[1], target_smem=target_smem)
     undo = emu._undo
     try:
         _set_env(undo, "TRITON_CACHE_DIR", cache_dir)
