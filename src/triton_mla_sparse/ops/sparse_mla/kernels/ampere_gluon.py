@@ -85,6 +85,26 @@ def _e4m3_to_f16(b_u8, NATIVE: gl.constexpr):
 
 
 @gluon.jit
+def _sum_partial_s(s_parts, b_sp, MMA3: gl.constexpr):
+    # the split tiles' QK^T: warp c's partial S tile (chunk c of the latent) through shared
+    # memory, and their sum [BLOCK_H, BLOCK_N] in every warp (layout SliceLayout(0, MMA3))
+    s_parts.store(b_sp)
+    _BARRIER()
+    b_s = gl.sum(s_parts.slice(0, 1, dim=0).load(MMA3), 0)
+    for c in gl.static_range(1, NUM_CHUNKS):
+        b_s = b_s + gl.sum(s_parts.slice(c, 1, dim=0).load(MMA3), 0)
+    return b_s
+
+
+@gluon.jit
+def _pv_chunks(b_o3, b_p, v_s, A3_OP: gl.constexpr, B3_OP: gl.constexpr):
+    # the split tiles' PV: warp c accumulates O's chunk c, P (which every warp holds whole, in
+    # the MMA's 16-bit type) times chunk c of the rows, v_s [NUM_CHUNKS, BLOCK_N, width]
+    b_p3 = gl.expand_dims(b_p, 0).broadcast_to([NUM_CHUNKS, b_p.shape[0], b_p.shape[1]])
+    return mma_v2(gl.convert_layout(b_p3, A3_OP), v_s.load(B3_OP), b_o3)
+
+
+@gluon.jit
 def _qk_nope(
     q_s,
     k_s,
@@ -584,11 +604,7 @@ def sparse_mla_ds_mla_ampere_gluon_kernel(
                 b_srp = gl.zeros([NUM_CHUNKS, BLOCK_H, BLOCK_N], gl.float32, layout=MMA3)
                 b_krb = rope_ring.index(r_slot).permute((0, 2, 1)).load(B3_OP)
                 b_sp = b_sp + mma_v2(b_qra3, b_krb.to(b_qra3.dtype), b_srp)
-            s_parts.store(b_sp)
-            _BARRIER()
-            b_s = gl.sum(s_parts.slice(0, 1, dim=0).load(MMA3), 0)
-            for c in gl.static_range(1, NUM_CHUNKS):
-                b_s = b_s + gl.sum(s_parts.slice(c, 1, dim=0).load(MMA3), 0)
+            b_s = _sum_partial_s(s_parts, b_sp, MMA3)
         else:
             b_sn = _qk_nope(q_s, k_s, BLOCK_H, BLOCK_N, L, QK_CHAINS, MMA, A_OP, B_OP)
             b_s = b_sn * b_ref_new
@@ -633,10 +649,7 @@ def sparse_mla_ds_mla_ampere_gluon_kernel(
             # warp c: O's chunk c, P (which every warp holds whole) times the K tile's chunk c
             if not LAZY_RESCALE:
                 b_o3 = b_o3 * gl.expand_dims(gl.expand_dims(b_alpha, 1), 0)
-            b_p3 = gl.expand_dims(b_p.to(gl.float16), 0).broadcast_to(
-                [NUM_CHUNKS, BLOCK_H, BLOCK_N]
-            )
-            b_o3 = mma_v2(gl.convert_layout(b_p3, A3_OP), k_s.load(B3_OP), b_o3)
+            b_o3 = _pv_chunks(b_o3, b_p.to(gl.float16), k_s, A3_OP, B3_OP)
         else:
             b_o = b_o * gl.convert_layout(b_alpha, gl.SliceLayout(1, MMA))[:, None]
             b_pa = gl.convert_layout(b_p.to(gl.float16), A_OP)
@@ -1121,11 +1134,7 @@ def sparse_mla_latent_ampere_gluon_kernel(
             if R > 0:
                 b_krb = rope_ring.index(slot).permute((0, 2, 1)).load(B3_OP)
                 b_sp = mma_v2(b_qra3, b_krb, b_sp)
-            s_parts.store(b_sp)
-            _BARRIER()
-            b_s = gl.sum(s_parts.slice(0, 1, dim=0).load(MMA3), 0)
-            for c in gl.static_range(1, NUM_CHUNKS):
-                b_s = b_s + gl.sum(s_parts.slice(c, 1, dim=0).load(MMA3), 0)
+            b_s = _sum_partial_s(s_parts, b_sp, MMA3)
         else:
             # QK^T over 64-wide slices of the latent, then the rope
             b_s = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=MMA)
@@ -1162,8 +1171,7 @@ def sparse_mla_latent_ampere_gluon_kernel(
             # warp c: O's chunk c, P (which every warp holds whole) times the rows' chunk c
             if not LAZY_RESCALE:
                 b_o3 = b_o3 * gl.expand_dims(gl.expand_dims(b_alpha, 1), 0)
-            b_p3 = gl.expand_dims(b_p.to(dtype), 0).broadcast_to([NUM_CHUNKS, BLOCK_H, BLOCK_N])
-            b_o3 = mma_v2(gl.convert_layout(b_p3, A3_OP), k_slot.load(B3_OP), b_o3)
+            b_o3 = _pv_chunks(b_o3, b_p.to(dtype), k_slot, A3_OP, B3_OP)
         else:
             b_o = b_o * b_alpha[:, None]
             b_pa = gl.convert_layout(b_p.to(dtype), A_OP)
