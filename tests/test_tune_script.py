@@ -332,3 +332,14 @@ def test_target_smem_needs_a_path(tune, monkeypatch, capsys, tmp_path):
         tune.main()
     assert exc.value.code == 2
     assert "--target-smem applies to a target's path: give --arch too" in capsys.readouterr().err
+
+
+def test_profile_cases_target_smem_needs_a_path(monkeypatch, capsys):
+    """profile_cases.py's --target-smem, like tune.py's, is refused without --arch, before any
+    GPU work."""
+    prof = load_script("benchmarks/perf/profile_cases.py", "tms_profile_cases_script")
+    monkeypatch.setattr("sys.argv", ["profile_cases.py", "--target-smem"])
+    with pytest.raises(SystemExit) as exc:
+        prof.main()
+    assert exc.value.code == 2
+    assert "--target-smem applies to a target's path: give --arch too" in capsys.readouterr().err

@@ -2,11 +2,13 @@
 
     ncu --clock-control none --kernel-name regex:sparse_mla --section SpeedOfLight \
         --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
-        python benchmarks/perf/profile_cases.py [--arch sm80|sm86|sm89] [NAME_SUBSTRING ...]
+        python benchmarks/perf/profile_cases.py [--arch sm80|sm86|sm89 [--target-smem]] [NAME_SUBSTRING ...]
 
 Each case runs once with the configuration the call would choose by default (or the one
 named) after a check against the reference; nothing else launches a kernel whose name starts with ``sparse_mla``.
-``--arch``: that target's path by PTX JIT (its heuristics and code, as ``bench --arch``).
+``--arch``: that target's path by PTX JIT (its heuristics and code, as ``bench --arch``);
+``--target-smem``: with the target's shared memory per multiprocessor (``bench --target-smem``;
+Nsight Compute's "Shared Memory Configuration Size" and "Block Limit Shared Mem" show it).
 """
 
 from __future__ import annotations
@@ -45,12 +47,21 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--arch", choices=sorted(ARCH_CHOICES), help="a target's path by PTX JIT")
+    ap.add_argument(
+        "--target-smem",
+        action="store_true",
+        help="with --arch: the target's shared memory per multiprocessor",
+    )
     ap.add_argument("names", nargs="*", help="substrings of the case names to run (default all)")
     args = ap.parse_args()
+    if args.target_smem and args.arch is None:
+        ap.error("--target-smem applies to a target's path: give --arch too")
     want = args.names
     dev = torch.device("cuda")
-    if args.arch is not None and start_emulation(ARCH_CHOICES[args.arch], dev) is None:
-        raise SystemExit(2)  # it says why
+    if args.arch is not None:
+        emu = start_emulation(ARCH_CHOICES[args.arch], dev, target_smem=args.target_smem)
+        if emu is None:
+            raise SystemExit(2)  # it says why
     for case, cfg in CASES:
         if want and not any(w in case.name for w in want):
             continue
