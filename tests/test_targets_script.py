@@ -116,8 +116,11 @@ def test_a_run_end_to_end_with_test_doubles(targets, monkeypatch, tmp_path):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "GPU-X")
     monkeypatch.setattr(testing, "measure_ceilings", lambda d: Ceilings(4000.0, 700.0))
 
+    asked_smem = set()
+
     @contextlib.contextmanager
-    def fake_path_context(path, device):  # test double: no emulation is enabled
+    def fake_path_context(path, device, target_smem=False):  # test double: no emulation
+        asked_smem.add(target_smem)
         if path.name == "sm89":
             raise ptx_jit.EmulationUnavailable("driver too old (test double)")
         yield None if path.cc is None else "emulation"
@@ -143,7 +146,7 @@ def test_a_run_end_to_end_with_test_doubles(targets, monkeypatch, tmp_path):
 
     monkeypatch.setattr(targets, "path_context", fake_path_context)
     ticks = iter(range(10**6))  # test double: a clock that advances 1 s each time it is read
-    args = targets.parse(["--out", str(tmp_path), "--paths", "native,sm80,sm89"])
+    args = targets.parse(["--out", str(tmp_path), "--paths", "native,sm80,sm89", "--target-smem"])
     # two reads a run: the rows with targets (56 runs natively and on sm80) fit, not all others
     args.max_seconds = targets.RESERVE_S + 130
     doc = targets.execute(
@@ -172,3 +175,5 @@ def test_a_run_end_to_end_with_test_doubles(targets, monkeypatch, tmp_path):
     assert "<= 1.25x floor ✗" in text and "<= 1x FlashMLA ✓" in text
     assert "sm89 cannot run here" in text and "not an A100's or L40S's times" in text
     json.dumps(doc, default=str)  # what main writes
+    # --target-smem reached every path's emulation and the document
+    assert asked_smem == {True} and doc["environment"]["target_smem"] is True

@@ -188,9 +188,10 @@ def plan_runs(paths: list[str], native_cc: int | None) -> list[Run]:
 
 
 @contextlib.contextmanager
-def path_context(path: KernelPath, device):
+def path_context(path: KernelPath, device, target_smem: bool = False):
     """Natively, nothing; for an emulated path the PTX-JIT emulation, checked on ``device``
-    (``ptx_jit.EmulationUnavailable`` with the reason where it cannot run here)."""
+    (``ptx_jit.EmulationUnavailable`` with the reason where it cannot run here); with
+    ``target_smem`` every kernel gets the target's shared memory per multiprocessor."""
     if path.cc is None:
         yield None
         return
@@ -206,7 +207,9 @@ def path_context(path: KernelPath, device):
         raise ptx_jit.EmulationUnavailable(why)
     # every kernel a call can launch, the Gluon ones included: a binary another path built
     # (or the native one) is not reused
-    emu = ptx_jit.enable(path.cc, reset=launch.launchable_kernels())
+    if target_smem:
+        torch.zeros(1, device=device)  # a CUDA context: the carveout hook asks the driver
+    emu = ptx_jit.enable(path.cc, reset=launch.launchable_kernels(), target_smem=target_smem)
     try:
         ptx_jit.check_jit(emu, device)
         yield emu
@@ -279,6 +282,8 @@ def execute(args, device, runner=run_one, log=print, clock=time.monotonic) -> di
         except flashmla.PeerUnavailable as e:
             fmla_note = f"FlashMLA not run: {e}"
             log(fmla_note)
+    if getattr(args, "target_smem", False):
+        log("emulated paths with their target's shared memory per multiprocessor (--target-smem)")
     runs = plan_runs(args.paths, native_cc)
     rows, peers, skipped, refused = [], {}, [], {}
     i = 0
@@ -295,7 +300,7 @@ def execute(args, device, runner=run_one, log=print, clock=time.monotonic) -> di
             skipped += [(r, "time budget") for r in group]
             continue
         try:
-            with path_context(path, device) as emu:
+            with path_context(path, device, getattr(args, "target_smem", False)) as emu:
                 for run in group:
                     if elapsed() > args.max_seconds - RESERVE_S:
                         skipped.append((run, "time budget"))
@@ -317,7 +322,8 @@ def execute(args, device, runner=run_one, log=print, clock=time.monotonic) -> di
             skipped += [(r, refused[path.name]) for r in group]
     table_rows = [judge(run, row, peers, native_cc, gpu) for run, row in rows]
     return {
-        "environment": _environment(gpu, native_cc, ceilings),
+        "environment": _environment(gpu, native_cc, ceilings)
+        | {"target_smem": getattr(args, "target_smem", False)},
         "rows": table_rows,
         "flashmla": list(peers.values()),
         "flashmla_note": fmla_note,
@@ -477,6 +483,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         help=f"which paths, comma-separated (default all: {','.join(PATH_BY_NAME)})",
     )
     ap.add_argument("--no-flashmla", action="store_true", help="do not run FlashMLA beside")
+    ap.add_argument(
+        "--target-smem",
+        action="store_true",
+        help="the emulated paths with their target's shared memory per multiprocessor (164 KB "
+        "sm80, 100 KB sm89), so that as many programs share one as on the target",
+    )
     ap.add_argument("--list", action="store_true", help="print the runs and targets; no GPU")
     args = ap.parse_args(argv)
     if not args.list and args.out is None:
