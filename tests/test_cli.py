@@ -488,6 +488,9 @@ def test_ptx_jit_refusal_accepts_newer_nvidia_gpus():
     assert "sm90 is not an emulated target" in ptx_jit.refusal(90, (10, 0), hip=False)
     assert "none found" in ptx_jit.refusal(80, None, hip=False)
     assert ptx_jit.path_label(80, "NVIDIA H200") == "sm80 path by PTX JIT on NVIDIA H200"
+    assert ptx_jit.path_label(89, "NVIDIA H200", target_smem=True) == (
+        "sm89 path by PTX JIT on NVIDIA H200, 100 KB shared memory a multiprocessor"
+    )
 
 
 def test_carveout_lands_on_the_targets_shared_memory_configuration():

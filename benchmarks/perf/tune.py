@@ -580,17 +580,12 @@ def main() -> None:
     path = "native"
     if args.arch is not None:
         from triton_mla_sparse.cli.bench import start_emulation
-        from triton_mla_sparse.testing import ptx_jit
         from triton_mla_sparse.testing.ptx_jit import path_label
 
         emu = start_emulation(ARCH_CHOICES[args.arch], dev, target_smem=args.target_smem)
         if emu is None:  # it says why
             raise SystemExit(2)
-        path = path_label(ARCH_CHOICES[args.arch], torch.cuda.get_device_name(dev))
-        if emu.target_smem:
-            path += (
-                f", {ptx_jit.TARGET_SMEM_PER_SM[emu.cc] // 1024} KB shared memory a multiprocessor"
-            )
+        path = path_label(emu.cc, torch.cuda.get_device_name(dev), emu.target_smem)
         print(f"sweeping the {path}: this GPU's times, not an {args.arch} GPU's", flush=True)
     sweep(args, dev, path)
 

@@ -342,12 +342,9 @@ def _bench(args: argparse.Namespace, device, emu) -> int:
     print(environment_line(env))
     path = "native"
     if emu is not None:
-        from ..testing.ptx_jit import TARGET_SMEM_PER_SM, path_label
+        from ..testing.ptx_jit import path_label
 
-        path = path_label(emu.cc, env["gpu"])
-        if emu.target_smem:
-            smem_kb = TARGET_SMEM_PER_SM[emu.cc] // 1024
-            path += f", {smem_kb} KB shared memory a multiprocessor"
+        path = path_label(emu.cc, env["gpu"], emu.target_smem)
         env["path"], env["emulated_sms"] = path, emu.arch.num_sms
         print(
             f"timing the {path} (tiles and split counts for {emu.arch.num_sms} SMs): these are "

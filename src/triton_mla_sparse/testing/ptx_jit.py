@@ -72,9 +72,13 @@ class EmulationUnavailable(RuntimeError):
     """This machine cannot run a target's PTX (no NVIDIA GPU, an older GPU, the driver's JIT)."""
 
 
-def path_label(cc: int, gpu: str) -> str:
-    """What timings under emulation are: ``"sm80 path by PTX JIT on NVIDIA H200"``."""
-    return f"sm{cc} path by PTX JIT on {gpu}"
+def path_label(cc: int, gpu: str, target_smem: bool = False) -> str:
+    """What timings under emulation are: ``"sm80 path by PTX JIT on NVIDIA H200"``, with
+    ``target_smem`` followed by ``", 164 KB shared memory a multiprocessor"``."""
+    label = f"sm{cc} path by PTX JIT on {gpu}"
+    if target_smem:
+        label += f", {TARGET_SMEM_PER_SM[cc] // 1024} KB shared memory a multiprocessor"
+    return label
 
 
 def refusal(cc: int, capability: tuple[int, int] | None, hip: bool) -> str | None:
