@@ -144,6 +144,23 @@ def _qk_nope(
 
 
 @gluon.jit
+def _gather_chunks(
+    slot, KV, o_row, m_n, COL0: gl.constexpr, CW: gl.constexpr, LAYOUT3: gl.constexpr
+):
+    # cp.async of columns [COL0, COL0 + NUM_CHUNKS * CW) of rows KV + o_row (in KV's elements;
+    # m_n: the rows' validity, both in SliceLayout(0, SliceLayout(2, LAYOUT3))), read as the
+    # slot's dtype, into the chunk-major slot [NUM_CHUNKS, BLOCK_N, CW] (LAYOUT3 of that rank):
+    # chunk c holds columns [COL0 + c * CW, COL0 + (c + 1) * CW) of every row, the ones the split
+    # QK^T's warp c multiplies
+    o_c = gl.arange(0, NUM_CHUNKS, layout=gl.SliceLayout(1, gl.SliceLayout(2, LAYOUT3)))
+    o_j = gl.arange(0, CW, layout=gl.SliceLayout(0, gl.SliceLayout(1, LAYOUT3)))
+    p_row = (KV + o_row[None, :, None] + COL0).to(gl.pointer_type(slot.dtype))
+    p_cols = p_row + (o_c[:, None, None] * CW + o_j[None, None, :])
+    m_cols = (o_c < NUM_CHUNKS)[:, None, None] & m_n[None, :, None] & (o_j < CW)[None, None, :]
+    _ASYNC_LOAD(slot, p_cols, mask=m_cols)
+
+
+@gluon.jit
 def _gather_ds(
     KV,
     Idx,
@@ -196,7 +213,6 @@ def _gather_ds(
         ROWS_ROPE_LAYOUT,
     )
     if SPLIT_QK and R > 0:
-        RC: gl.constexpr = R // NUM_CHUNKS
         o_row, m_r = _rows(
             Idx,
             i_t,
@@ -212,12 +228,7 @@ def _gather_ds(
             PAGE_SHIFT,
             gl.SliceLayout(0, gl.SliceLayout(2, ROPE_LAYOUT)),
         )
-        o_c = gl.arange(0, NUM_CHUNKS, layout=gl.SliceLayout(1, gl.SliceLayout(2, ROPE_LAYOUT)))
-        o_j = gl.arange(0, RC, layout=gl.SliceLayout(0, gl.SliceLayout(1, ROPE_LAYOUT)))
-        p_row = (KV + o_row[None, :, None] + ROPE_OFFSET).to(gl.pointer_type(gl.bfloat16))
-        p_rope = p_row + (o_c[:, None, None] * RC + o_j[None, None, :])
-        m_rope = (o_c < NUM_CHUNKS)[:, None, None] & m_r[None, :, None] & (o_j < RC)[None, None, :]
-        _ASYNC_LOAD(rope_slot, p_rope, mask=m_rope)
+        _gather_chunks(rope_slot, KV, o_row, m_r, ROPE_OFFSET, R // NUM_CHUNKS, ROPE_LAYOUT)
     return m_n
 
 
@@ -709,9 +720,13 @@ def _gather_latent(
     PAGE_SHIFT: gl.constexpr,
     NOPE_LAYOUT: gl.constexpr,
     ROPE_LAYOUT: gl.constexpr,
+    CHUNK_MAJOR: gl.constexpr,
 ):
     # cp.async of rows [w0, w0 + BLOCK_N) of token i_t's list (L latent values, then R rope
     # values, in q's dtype) into one ring slot; masked rows are zero-filled. The rows' validity.
+    # CHUNK_MAJOR: into chunk-major slots, nope_slot [NUM_CHUNKS, BLOCK_N, L / NUM_CHUNKS] and
+    # rope_slot [NUM_CHUNKS, BLOCK_N, R / NUM_CHUNKS] (the layouts of that rank), chunk c holding
+    # every row's columns of latent chunk c (the split QK^T's warp c multiplies them).
     o_row, m_n = _rows(
         Idx,
         i_t,
@@ -725,12 +740,17 @@ def _gather_latent(
         stride_kr,
         BLOCK_N,
         PAGE_SHIFT,
-        gl.SliceLayout(1, NOPE_LAYOUT),
+        gl.SliceLayout(0, gl.SliceLayout(2, NOPE_LAYOUT))
+        if CHUNK_MAJOR
+        else gl.SliceLayout(1, NOPE_LAYOUT),
     )
-    o_c = gl.arange(0, L, layout=gl.SliceLayout(0, NOPE_LAYOUT))
-    _ASYNC_LOAD(
-        nope_slot, KV + o_row[:, None] + o_c[None, :], mask=m_n[:, None] & (o_c < L)[None, :]
-    )
+    if CHUNK_MAJOR:
+        _gather_chunks(nope_slot, KV, o_row, m_n, 0, L // NUM_CHUNKS, NOPE_LAYOUT)
+    else:
+        o_c = gl.arange(0, L, layout=gl.SliceLayout(0, NOPE_LAYOUT))
+        _ASYNC_LOAD(
+            nope_slot, KV + o_row[:, None] + o_c[None, :], mask=m_n[:, None] & (o_c < L)[None, :]
+        )
     if R > 0:
         o_row_r, m_n_r = _rows(
             Idx,
@@ -745,84 +765,16 @@ def _gather_latent(
             stride_kr,
             BLOCK_N,
             PAGE_SHIFT,
-            gl.SliceLayout(1, ROPE_LAYOUT),
+            gl.SliceLayout(0, gl.SliceLayout(2, ROPE_LAYOUT))
+            if CHUNK_MAJOR
+            else gl.SliceLayout(1, ROPE_LAYOUT),
         )
-        o_r = gl.arange(0, R, layout=gl.SliceLayout(0, ROPE_LAYOUT))
-        p_rope = KV + o_row_r[:, None] + L + o_r[None, :]
-        _ASYNC_LOAD(rope_slot, p_rope, mask=m_n_r[:, None] & (o_r < R)[None, :])
-    return m_n
-
-
-@gluon.jit
-def _gather_latent_chunks(
-    KV,
-    Idx,
-    i_t,
-    w0,
-    w_hi,
-    stride_it,
-    stride_iw,
-    num_rows,
-    page_size,
-    stride_kb,
-    stride_kr,
-    nope_slot,
-    rope_slot,
-    BLOCK_N: gl.constexpr,
-    L: gl.constexpr,
-    R: gl.constexpr,
-    PAGE_SHIFT: gl.constexpr,
-    NOPE3_LAYOUT: gl.constexpr,
-    ROPE3_LAYOUT: gl.constexpr,
-):
-    # _gather_latent into chunk-major slots: nope_slot [NUM_CHUNKS, BLOCK_N, L / NUM_CHUNKS]
-    # and rope_slot [NUM_CHUNKS, BLOCK_N, R / NUM_CHUNKS], chunk c holding every row's columns
-    # of latent chunk c (the split QK^T's warp c multiplies them). The rows' validity.
-    KW: gl.constexpr = L // NUM_CHUNKS
-    o_row, m_n = _rows(
-        Idx,
-        i_t,
-        w0,
-        w_hi,
-        stride_it,
-        stride_iw,
-        num_rows,
-        page_size,
-        stride_kb,
-        stride_kr,
-        BLOCK_N,
-        PAGE_SHIFT,
-        gl.SliceLayout(0, gl.SliceLayout(2, NOPE3_LAYOUT)),
-    )
-    o_c = gl.arange(0, NUM_CHUNKS, layout=gl.SliceLayout(1, gl.SliceLayout(2, NOPE3_LAYOUT)))
-    o_j = gl.arange(0, KW, layout=gl.SliceLayout(0, gl.SliceLayout(1, NOPE3_LAYOUT)))
-    p_nope = KV + o_row[None, :, None] + (o_c[:, None, None] * KW + o_j[None, None, :])
-    m_nope = (o_c < NUM_CHUNKS)[:, None, None] & m_n[None, :, None] & (o_j < KW)[None, None, :]
-    _ASYNC_LOAD(nope_slot, p_nope, mask=m_nope)
-    if R > 0:
-        RC: gl.constexpr = R // NUM_CHUNKS
-        o_row_r, m_r = _rows(
-            Idx,
-            i_t,
-            w0,
-            w_hi,
-            stride_it,
-            stride_iw,
-            num_rows,
-            page_size,
-            stride_kb,
-            stride_kr,
-            BLOCK_N,
-            PAGE_SHIFT,
-            gl.SliceLayout(0, gl.SliceLayout(2, ROPE3_LAYOUT)),
-        )
-        o_cr = gl.arange(0, NUM_CHUNKS, layout=gl.SliceLayout(1, gl.SliceLayout(2, ROPE3_LAYOUT)))
-        o_jr = gl.arange(0, RC, layout=gl.SliceLayout(0, gl.SliceLayout(1, ROPE3_LAYOUT)))
-        p_rope = KV + o_row_r[None, :, None] + L + (o_cr[:, None, None] * RC + o_jr[None, None, :])
-        m_rope = (
-            (o_cr < NUM_CHUNKS)[:, None, None] & m_r[None, :, None] & (o_jr < RC)[None, None, :]
-        )
-        _ASYNC_LOAD(rope_slot, p_rope, mask=m_rope)
+        if CHUNK_MAJOR:
+            _gather_chunks(rope_slot, KV, o_row_r, m_n_r, L, R // NUM_CHUNKS, ROPE_LAYOUT)
+        else:
+            o_r = gl.arange(0, R, layout=gl.SliceLayout(0, ROPE_LAYOUT))
+            p_rope = KV + o_row_r[:, None] + L + o_r[None, :]
+            _ASYNC_LOAD(rope_slot, p_rope, mask=m_n_r[:, None] & (o_r < R)[None, :])
     return m_n
 
 
@@ -960,6 +912,9 @@ def sparse_mla_latent_ampere_gluon_kernel(
     ROPE3_LAYOUT: gl.constexpr = gl.BlockedLayout(
         [1, 1, 8], [NUM_CHUNKS, 4, 8 // NUM_CHUNKS], [1, gl.num_warps(), 1], [2, 1, 0]
     )
+    # the gathers' layouts: chunk-major with SPLIT_QK
+    GATHER_NOPE: gl.constexpr = NOPE3_LAYOUT if SPLIT_QK else NOPE_LAYOUT
+    GATHER_ROPE: gl.constexpr = ROPE3_LAYOUT if SPLIT_QK else ROPE_LAYOUT
     Q_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [gl.num_warps(), 1], [1, 0])
     OP_SMEM: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
     OP3_SMEM: gl.constexpr = gl.SwizzledSharedLayout(
@@ -1025,50 +980,30 @@ def sparse_mla_latent_ampere_gluon_kernel(
     b_l = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(1, S_ROWS))
     if SPLIT_QK:
         b_o3 = gl.zeros([NUM_CHUNKS, BLOCK_H, KW], gl.float32, layout=MMA3)
-        m_next = _gather_latent_chunks(
-            KV,
-            Idx,
-            i_t,
-            w_lo,
-            w_hi,
-            stride_it,
-            stride_iw,
-            num_rows,
-            page_size,
-            stride_kb,
-            stride_kr,
-            nope_ring.index(0),
-            rope_ring.index(0),
-            BLOCK_N,
-            L,
-            R,
-            PAGE_SHIFT,
-            NOPE3_LAYOUT,
-            ROPE3_LAYOUT,
-        )
     else:
         b_o = gl.zeros([BLOCK_H, L], gl.float32, layout=MMA)
-        m_next = _gather_latent(
-            KV,
-            Idx,
-            i_t,
-            w_lo,
-            w_hi,
-            stride_it,
-            stride_iw,
-            num_rows,
-            page_size,
-            stride_kb,
-            stride_kr,
-            nope_ring.index(0),
-            rope_ring.index(0),
-            BLOCK_N,
-            L,
-            R,
-            PAGE_SHIFT,
-            NOPE_LAYOUT,
-            ROPE_LAYOUT,
-        )
+    m_next = _gather_latent(
+        KV,
+        Idx,
+        i_t,
+        w_lo,
+        w_hi,
+        stride_it,
+        stride_iw,
+        num_rows,
+        page_size,
+        stride_kb,
+        stride_kr,
+        nope_ring.index(0),
+        rope_ring.index(0),
+        BLOCK_N,
+        L,
+        R,
+        PAGE_SHIFT,
+        GATHER_NOPE,
+        GATHER_ROPE,
+        SPLIT_QK,
+    )
     async_copy.commit_group()
     for i_step in range(n_steps):
         slot = i_step % 2
@@ -1077,50 +1012,28 @@ def sparse_mla_latent_ampere_gluon_kernel(
         # every thread is past its reads of the other slot (the previous step) before it
         # refills (and, SPLIT_QK, past its reads of the partial S tiles)
         _BARRIER()
-        if SPLIT_QK:
-            m_next = _gather_latent_chunks(
-                KV,
-                Idx,
-                i_t,
-                w0 + BLOCK_N,
-                w_hi,
-                stride_it,
-                stride_iw,
-                num_rows,
-                page_size,
-                stride_kb,
-                stride_kr,
-                nope_ring.index(1 - slot),
-                rope_ring.index(1 - slot),
-                BLOCK_N,
-                L,
-                R,
-                PAGE_SHIFT,
-                NOPE3_LAYOUT,
-                ROPE3_LAYOUT,
-            )
-        else:
-            m_next = _gather_latent(
-                KV,
-                Idx,
-                i_t,
-                w0 + BLOCK_N,
-                w_hi,
-                stride_it,
-                stride_iw,
-                num_rows,
-                page_size,
-                stride_kb,
-                stride_kr,
-                nope_ring.index(1 - slot),
-                rope_ring.index(1 - slot),
-                BLOCK_N,
-                L,
-                R,
-                PAGE_SHIFT,
-                NOPE_LAYOUT,
-                ROPE_LAYOUT,
-            )
+        m_next = _gather_latent(
+            KV,
+            Idx,
+            i_t,
+            w0 + BLOCK_N,
+            w_hi,
+            stride_it,
+            stride_iw,
+            num_rows,
+            page_size,
+            stride_kb,
+            stride_kr,
+            nope_ring.index(1 - slot),
+            rope_ring.index(1 - slot),
+            BLOCK_N,
+            L,
+            R,
+            PAGE_SHIFT,
+            GATHER_NOPE,
+            GATHER_ROPE,
+            SPLIT_QK,
+        )
         async_copy.commit_group()
         async_copy.wait_group(1)  # this step's rows are in
         _BARRIER()

@@ -183,6 +183,7 @@ def sparse_mla_latent_sm90_gluon_kernel(
         PAGE_SHIFT,
         NOPE_LAYOUT,
         ROPE_LAYOUT,
+        False,  # CHUNK_MAJOR: whole rows, as the wgmma reads them
     )
     async_copy.commit_group()
     for i_step in range(n_steps):
@@ -212,6 +213,7 @@ def sparse_mla_latent_sm90_gluon_kernel(
             PAGE_SHIFT,
             NOPE_LAYOUT,
             ROPE_LAYOUT,
+            False,  # CHUNK_MAJOR: whole rows, as the wgmma reads them
         )
         async_copy.commit_group()
         async_copy.wait_group(1)  # this step's rows are in
