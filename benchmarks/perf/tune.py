@@ -225,6 +225,25 @@ AMPERE_TILES = ((16, 32, 4), (32, 32, 4), (64, 32, 8), (32, 16, 4), *AMPERE_WIDE
 AMPERE_RING1_TILES = ((16, 32, 4), (16, 16, 4), (32, 32, 4), (64, 32, 8), *AMPERE_WIDE_TILES)
 
 
+def ampere_config(c: Case, arch, block_h, block_n, warps, ring, **extra) -> KernelConfig:
+    """The mma.sync Gluon kernel in one tile and ring (KernelConfig.num_stages) for this path,
+    at the split count the heuristics give that tile; ``extra``: other KernelConfig fields."""
+    ds_mla = c.kv_format == "fp8_ds_mla"  # its tile dequantized with the fp16 fold
+    programs = c.tokens * -(-c.heads // block_h)
+    splits = num_splits_for(programs, c.topk, block_n, arch.num_sms, block_h)
+    return KernelConfig(
+        block_h,
+        block_n,
+        warps,
+        ring,
+        num_splits=splits,
+        stage_dequant=ds_mla,
+        fp16_fold=ds_mla,
+        gluon="ampere",
+        **extra,
+    )
+
+
 def ampere_tiles(c: Case) -> list[KernelConfig]:
     """The path's Triton tile beside the mma.sync Gluon kernel in each tile and ring that fits
     this path's shared memory (heuristics.ampere_gluon_smem; more than 16 heads only where the
@@ -233,10 +252,9 @@ def ampere_tiles(c: Case) -> list[KernelConfig]:
     formats, with O rescaled every step and lazily (KernelConfig.lazy_rescale)."""
     arch = arch_of(torch.device("cuda"))
     base = triton_config(c, c.topk, arch)
-    ds_mla = c.kv_format == "fp8_ds_mla"  # its tile dequantized with the fp16 fold
     wide16 = AMPERE_WIDE16_TILES if c.heads <= 16 else ()
     tiles = [(*t, 2) for t in (*AMPERE_TILES, *wide16)]
-    if ds_mla:
+    if c.kv_format == "fp8_ds_mla":
         tiles += [(*t, 1) for t in (*AMPERE_RING1_TILES, *wide16)]
     out = [base]
     for block_h, block_n, warps, ring in tiles:
@@ -244,18 +262,7 @@ def ampere_tiles(c: Case) -> list[KernelConfig]:
             continue
         if ampere_gluon_smem(block_h, block_n, ring, c.kv_format) > arch.smem_bytes:
             continue
-        programs = c.tokens * -(-c.heads // block_h)
-        splits = num_splits_for(programs, c.topk, block_n, arch.num_sms, block_h)
-        cfg = KernelConfig(
-            block_h,
-            block_n,
-            warps,
-            ring,
-            num_splits=splits,
-            stage_dequant=ds_mla,
-            fp16_fold=ds_mla,
-            gluon="ampere",
-        )
+        cfg = ampere_config(c, arch, block_h, block_n, warps, ring)
         out.append(cfg)
         if splits_qk(block_h, warps):
             split = dataclasses.replace(cfg, split_qk=True)
@@ -335,26 +342,13 @@ def ampere_wide_tiles(c: Case) -> list[KernelConfig]:
     the split count the heuristics give that tile."""
     arch = arch_of(torch.device("cuda"))
     default = choose_config(c.tokens, c.heads, c.topk, c.dtype, c.kv_format, arch)
-    ds_mla = c.kv_format == "fp8_ds_mla"
-    ring = 1 if ds_mla else 2
+    ring = 1 if c.kv_format == "fp8_ds_mla" else 2
     out = [default]
     for (block_h, block_n, warps), caps in AMPERE_WIDE_SWEEP_TILES:
         if ampere_gluon_smem(block_h, block_n, ring, c.kv_format) > arch.smem_bytes:
             continue
-        programs = c.tokens * -(-c.heads // block_h)
-        splits = num_splits_for(programs, c.topk, block_n, arch.num_sms, block_h)
         for cap in (None, *caps):
-            cfg = KernelConfig(
-                block_h,
-                block_n,
-                warps,
-                ring,
-                num_splits=splits,
-                stage_dequant=ds_mla,
-                fp16_fold=ds_mla,
-                gluon="ampere",
-                max_registers=cap,
-            )
+            cfg = ampere_config(c, arch, block_h, block_n, warps, ring, max_registers=cap)
             if cfg != default:
                 out.append(cfg)
     return out
