@@ -384,6 +384,25 @@ SM90_DS_16_HEADS = dict(
     store_lse=True,
 )
 
+# kv_format "auto"'s sm90 16-head two-slot serving tile as a compile job (with a sink, as
+# test_compiles_for_sm80_to_sm90's "16-32-4-auto" for sm90)
+SM90_ROWS_16_HEADS = dict(
+    arch="cuda:90",
+    dtype="bf16",
+    fmt="auto",
+    block_h=16,
+    block_n=32,
+    num_warps=4,
+    num_stages=2,
+    gluon="ampere",
+    has_bt=False,
+    split=True,
+    rope=64,
+    has_counts=True,
+    store_lse=True,
+    sink=True,
+)
+
 
 def test_a_register_cap_reaches_ptxas(tmp_path):
     """KernelConfig.max_registers compiles into the kernel's PTX as ``.maxnreg`` (ptxas's cap),
@@ -431,23 +450,7 @@ def test_rows_qk_chains(split_qk, tmp_path):
     is one chain of 36 mma.sync products (32 NoPE, 4 RoPE); split over the latent
     (KernelConfig.split_qk) its 128-column chunk makes four independent chains of nine (eight
     NoPE, one RoPE), one per 8-column tile of S. PV: chains of two (32 rows)."""
-    job = dict(
-        arch="cuda:90",
-        dtype="bf16",
-        fmt="auto",
-        block_h=16,
-        block_n=32,
-        num_warps=4,
-        num_stages=2,
-        gluon="ampere",
-        has_bt=False,
-        split=True,
-        rope=64,
-        has_counts=True,
-        store_lse=True,
-        sink=True,
-        split_qk=split_qk,
-    )
+    job = dict(SM90_ROWS_16_HEADS, split_qk=split_qk)
     results = compile_ahead({"rows": job}, tmp_path, tmp_path / "asm")
     assert not any("error" in r for r in results["rows"].values()), results["rows"]
     chains = _mma_chains((tmp_path / "asm" / "rows.1.ptx").read_text())
