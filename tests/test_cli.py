@@ -552,6 +552,8 @@ def test_target_smem_sets_each_loaded_kernels_carveout():
         assert run_case(case, dev, time_it=False).passed
         built = [k for kern in kernels for k in ptx_jit.loaded(kern)]
         assert built
+        # the hook ran for each (it checks the value it set), and the value held past the loader
+        assert {k.function for k in built} <= emu.carveout_functions
         assert {carveout(k) for k in built} == {ptx_jit.carveout_percent(89, smem)}
     finally:
         emu.disable()

@@ -66,6 +66,11 @@ TARGET_SMEM_PER_SM = {80: 164 * 1024, 86: 100 * 1024, 87: 164 * 1024, 89: 100 * 
 # CUdevice_attribute CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR
 _CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT = 9
 _CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR = 82
+# cuda.h: CUfunc_cache CU_FUNC_CACHE_PREFER_NONE. Triton's loader gives each kernel of more than
+# 48 KB CU_FUNC_CACHE_PREFER_SHARED. Kernels loaded under a hook that only set the carveout read
+# it back as 100% on an H200 (driver 580) and ran in the 228 KB configuration (Nsight Compute: two
+# 97 KB programs a multiprocessor), so the hook clears that preference first and checks the value
+_CU_FUNC_CACHE_PREFER_NONE = 0
 
 
 class EmulationUnavailable(RuntimeError):
@@ -161,15 +166,25 @@ def _carveout_hook(cc: int) -> Any:
             raise EmulationUnavailable(f"reading the GPU's shared memory: CUDA driver error {call}")
     percent = carveout_percent(cc, smem.value)
 
-    def hook(module, function, name, *_):
-        err = cuda.cuFuncSetAttribute(
-            ctypes.c_void_p(function),
-            _CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
-            ctypes.c_int(percent),
-        )
+    def check(err: int, name: str, what: str) -> None:
         if err != 0:
-            raise RuntimeError(f"{name}: setting the {percent}% carveout: CUDA driver error {err}")
+            raise RuntimeError(f"{name}: {what}: CUDA driver error {err}")
 
+    def hook(module, function, name, *_):
+        handle, value = ctypes.c_void_p(function), ctypes.c_int()
+        err = cuda.cuFuncSetCacheConfig(handle, _CU_FUNC_CACHE_PREFER_NONE)
+        check(err, name, "clearing the cache preference")
+        attr = _CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+        check(cuda.cuFuncSetAttribute(handle, attr, ctypes.c_int(percent)), name, "setting it")
+        check(cuda.cuFuncGetAttribute(ctypes.byref(value), attr, handle), name, "reading it")
+        if value.value != percent:
+            raise RuntimeError(
+                f"{name}: the driver reads the carveout back as {value.value}%, not the "
+                f"{percent}% set"
+            )
+        hook.functions.add(function)
+
+    hook.functions = set()  # the CUfunction handles the hook configured (read by the tests)
     return hook
 
 
@@ -217,6 +232,8 @@ class Emulation:
     compiled: list[Compiled] = dataclasses.field(default_factory=list)
     arch: Any = None
     target_smem: bool = False  # kernels get the target's shared memory per multiprocessor
+    # with target_smem: the CUfunction handles of the kernels given the target's carveout
+    carveout_functions: set = dataclasses.field(default_factory=set)
     _undo: list = dataclasses.field(default_factory=list, repr=False)
 
     def too_big(self, since: int = 0) -> list[Compiled]:
@@ -350,6 +367,7 @@ def enable(
             import triton.knobs as knobs
 
             hook = _carveout_hook(cc)
+            emu.carveout_functions = hook.functions
             knobs.runtime.kernel_load_end_hook.add(hook)
             undo.append(lambda: knobs.runtime.kernel_load_end_hook.remove(hook))
         for kernel in reset:
