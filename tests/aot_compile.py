@@ -12,7 +12,7 @@ Usage: ``python aot_compile.py JOBS.json RESULTS.json``. A job is a dict with ke
 (``"cuda:90"`` / ``"hip:gfx942"``), ``dtype``, ``fmt``, ``block_h``, ``block_n``, ``num_warps``,
 ``num_stages``, ``split``, ``rope``, ``has_counts``, ``has_bt``, ``store_lse`` and optionally
 ``stage_dequant``, ``idx_ahead``, ``fp16_mma``, ``e4m3_decode``, ``fp16_fold``, ``gluon``,
-``max_registers``, ``q_rope_in_registers``, ``split_qk``, ``lazy_rescale``, ``sink`` (an attention sink) and ``extra`` (a
+``max_registers``, ``q_rope_in_registers``, ``split_qk``, ``sink`` (an attention sink) and ``extra`` (a
 second index set in the same softmax: ``"flat"`` rows, ``"paged"`` pages of another size, or
 ``"bt"`` through its own block table; with counts when ``has_counts``); fmt ``fp8_ds_mla_v4``
 takes rope 0 (the V4 record is one 512-wide row in paged 584-byte records); an indexer job has ``op`` ``"indexer_paged"`` /
@@ -194,8 +194,6 @@ def _record(job: dict) -> list:
         flags["q_rope_in_registers"] = True
     if job.get("split_qk"):
         flags["split_qk"] = True
-    if job.get("lazy_rescale"):
-        flags["lazy_rescale"] = True
     cfg = KernelConfig(
         job["block_h"],
         job["block_n"],

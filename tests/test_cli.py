@@ -290,11 +290,10 @@ def test_the_legend_explains_every_mark_a_label_can_carry():
         max_registers=168,
         q_rope_in_registers=True,
         split_qk=True,
-        lazy_rescale=True,
     )
     marks = config_label(every).split()[5:] + [m.strip() for m in PACKED_LABELS.values()]
     marks += ["+int", "+qmma"]  # plan_label's (test_plan_label_says_what_runs)
-    assert len(marks) == 13, marks
+    assert len(marks) == 12, marks
     for mark in marks:
         stem = re.sub(r"(?<=:)\w+$|\d+$", "", mark)  # +gluon:ampere -> +gluon:, +maxreg168
         assert stem in LABEL_LEGEND, (mark, stem)

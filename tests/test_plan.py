@@ -486,15 +486,9 @@ def test_split_qk_is_the_16_head_four_warp_mma_sync_tiles_alone():
     )
     rows = KernelConfig(16, 32, 4, 2, gluon="ampere", split_qk=True)
     for fmt, cfg in (("fp8_ds_mla", ampere), ("auto", rows)):
-        consts = plan_for(4, 16, 2048, fmt=fmt, config=cfg).constexprs
-        assert consts["SPLIT_QK"] is True and consts["LAZY_RESCALE"] is False
-        lazy = dataclasses.replace(cfg, lazy_rescale=True)
-        assert plan_for(4, 16, 2048, fmt=fmt, config=lazy).constexprs["LAZY_RESCALE"] is True
+        assert plan_for(4, 16, 2048, fmt=fmt, config=cfg).constexprs["SPLIT_QK"] is True
         off = dataclasses.replace(cfg, split_qk=False)
         assert plan_for(4, 16, 2048, fmt=fmt, config=off).constexprs["SPLIT_QK"] is False
-        # lazy rescaling is the split tiles' alone
-        with pytest.raises(ValueError, match="lazy_rescale=True.*split_qk=False"):
-            plan_for(4, 16, 2048, fmt=fmt, config=dataclasses.replace(off, lazy_rescale=True))
     for fmt, cfg, word in (
         ("fp8_ds_mla", dataclasses.replace(ampere, num_warps=8), "num_warps=8"),
         ("fp8_ds_mla", dataclasses.replace(ampere, block_h=32), "block_h=32"),

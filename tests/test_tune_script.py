@@ -236,14 +236,8 @@ def test_ampere_sweep_plans_on_the_path(tune, monkeypatch, cc):
         # both formats' 16-head four-warp tiles, split over the latent and not
         split = [c for c in cfgs if c.split_qk]
         assert split and all((c.block_h, c.num_warps) == (16, 4) for c in split), case
-        off = [dataclasses.replace(c, split_qk=False, lazy_rescale=False) for c in split]
-        assert all(c in cfgs for c in off), case
-        # each split tile with O rescaled every step and lazily
-        lazy = [c for c in split if c.lazy_rescale]
-        assert sorted(map(str, lazy)) == sorted(
-            str(dataclasses.replace(c, lazy_rescale=True)) for c in split if not c.lazy_rescale
-        )
-        assert all(c.split_qk for c in cfgs if c.lazy_rescale), case
+        assert all(dataclasses.replace(c, split_qk=False) in cfgs for c in split), case
+        assert len(set(cfgs)) == len(cfgs), case  # each configuration timed once
         for cfg in cfgs:
             plan = plan_of(case, cfg, arch)
             assert (plan.family in AMPERE_FAMILIES) == (cfg.gluon == "ampere")

@@ -249,7 +249,7 @@ def ampere_tiles(c: Case) -> list[KernelConfig]:
     this path's shared memory (heuristics.ampere_gluon_smem; more than 16 heads only where the
     call has more), each at the split count the heuristics give that tile; the 16-head
     four-warp tiles also with QK^T split over the latent (KernelConfig.split_qk), in both
-    formats, with O rescaled every step and lazily (KernelConfig.lazy_rescale)."""
+    formats."""
     arch = arch_of(torch.device("cuda"))
     base = triton_config(c, c.topk, arch)
     wide16 = AMPERE_WIDE16_TILES if c.heads <= 16 else ()
@@ -265,8 +265,7 @@ def ampere_tiles(c: Case) -> list[KernelConfig]:
         cfg = ampere_config(c, arch, block_h, block_n, warps, ring)
         out.append(cfg)
         if splits_qk(block_h, warps):
-            split = dataclasses.replace(cfg, split_qk=True)
-            out += [split, dataclasses.replace(split, lazy_rescale=True)]
+            out.append(dataclasses.replace(cfg, split_qk=True))
     return out
 
 

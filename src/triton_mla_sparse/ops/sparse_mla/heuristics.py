@@ -117,11 +117,6 @@ class KernelConfig:
     # q no longer in shared memory). fp8_ds_mla: the default where each program walks at least
     # AMPERE_GLUON_SPLIT_QK_STEPS steps (ampere_gluon_config); rows in q's dtype: opt-in.
     split_qk: bool = False
-    # The split tiles (split_qk): O, the row sums (and fp8_ds_mla's reference scale) rescaled
-    # only in steps where some row's running maximum grew by more than 2^8 (or the reference
-    # changed), the maximum kept otherwise; every warp holds the whole S tile, so the branch
-    # costs no exchange between them. For timing; False in every default.
-    lazy_rescale: bool = False
 
 
 # KernelConfig.e4m3_decode's values, and the form every path takes where no measurement chose

@@ -304,12 +304,6 @@ def check_config(cfg: KernelConfig, kv_format: str, has_bt: bool) -> None:
             f"kv_format={kv_format!r}, block_h={cfg.block_h}, num_warps={cfg.num_warps}, "
             f"q_rope_in_registers={cfg.q_rope_in_registers})"
         )
-    if cfg.lazy_rescale and not cfg.split_qk:
-        raise ValueError(
-            f"config {cfg} asks for lazy_rescale=True, which applies to the mma.sync kernels' "
-            f"tiles with QK^T split over the latent only (split_qk=True; got "
-            f"split_qk={cfg.split_qk})"
-        )
     decode = cfg.e4m3_decode
     if decode is not None and decode not in E4M3_DECODES:
         raise ValueError(
@@ -509,7 +503,6 @@ def make_plan(
         )
         if family == LATENT_AMPERE_GLUON:
             constexprs["SPLIT_QK"] = cfg.split_qk
-            constexprs["LAZY_RESCALE"] = cfg.lazy_rescale
     else:
         constexprs = dict(common, STAGE=cfg.stage_dequant, FOLD_FP16=cfg.fp16_fold)
         if family in (DS_MLA, DS_MLA_GLUON, DS_MLA_GLUON_WS, DS_MLA_AMPERE_GLUON):
@@ -518,7 +511,6 @@ def make_plan(
             constexprs["RING"] = cfg.num_stages
             constexprs["QR_REGS"] = cfg.q_rope_in_registers
             constexprs["SPLIT_QK"] = cfg.split_qk
-            constexprs["LAZY_RESCALE"] = cfg.lazy_rescale
     merge = None
     if split:
         s_pad = 1 << (num_splits - 1).bit_length()

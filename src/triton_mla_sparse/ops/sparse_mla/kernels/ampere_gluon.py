@@ -58,10 +58,6 @@ K_SLICE = gl.constexpr(64)  # latent columns per QK^T product
 QK_MIN_CHAINS = gl.constexpr(4)
 # the packed decode's fp16 values are e4m3's times 2^-8 (bias 7 against fp16's 15)
 E4M3_BIAS_FIX = gl.constexpr(256.0)
-# LAZY_RESCALE (KernelConfig.lazy_rescale): how far, in log2 units, a row's running maximum may
-# lag the largest logit seen before O and the row sum are rescaled to it; P's values then stay
-# at most 2^8, far inside fp16's range
-LAZY_RESCALE_LOG2 = gl.constexpr(8.0)
 
 
 @gluon.jit
@@ -322,7 +318,6 @@ def sparse_mla_ds_mla_ampere_gluon_kernel(
     RING: gl.constexpr,
     QR_REGS: gl.constexpr,
     SPLIT_QK: gl.constexpr,
-    LAZY_RESCALE: gl.constexpr,
 ):
 
     gl.static_assert(L == 512, "fp8_ds_mla's 512 NoPE values")
@@ -348,11 +343,6 @@ def sparse_mla_ds_mla_ampere_gluon_kernel(
         not SPLIT_QK or (BLOCK_H == 16 and gl.num_warps() == NUM_CHUNKS and not QR_REGS),
         "QK^T split over the latent: 16 heads in one warp per latent chunk, all of q in registers",
     )
-    # LAZY_RESCALE (KernelConfig.lazy_rescale, split tiles only): O, the row sums and the
-    # reference scale are brought up to date only in steps where some row's maximum grew by more
-    # than LAZY_RESCALE_LOG2 or the step's reference scale changed; every warp holds the whole S
-    # tile, so every warp takes the same branch without exchanging anything
-    gl.static_assert(not LAZY_RESCALE or SPLIT_QK, "lazy rescaling: the split tiles only")
     KW: gl.constexpr = L // NUM_CHUNKS  # a chunk's NoPE columns
     RW: gl.constexpr = 64 // NUM_CHUNKS  # its RoPE columns (the ring holds 64 a row)
     # the latent slices' accumulators QK^T interleaves (1, 2 or 4): with the warp's 8-column
@@ -632,34 +622,19 @@ def sparse_mla_ds_mla_ampere_gluon_kernel(
         m_s = gl.convert_layout(m_n, gl.SliceLayout(0, S_ROWS))
         b_s = gl.where(m_s[None, :], b_s * qk_scale, float("-inf"))
         b_m_new = gl.maximum(b_m, gl.max(b_s, 1))
-        if LAZY_RESCALE:
-            b_grow = gl.where(b_m_new > b_m, b_m_new - b_m, 0.0)
-            if (gl.max(b_grow, 0) > LAZY_RESCALE_LOG2) | (b_ref_new != b_ref):
-                b_m_use = gl.where(b_m_new == float("-inf"), 0.0, b_m_new)
-                b_alpha = gl.exp2(b_m - b_m_use)
-                b_l = b_l * b_alpha
-                # the accumulator stays in units of the reference scale
-                b_alpha = b_alpha * (b_ref / b_ref_new)
-                b_o3 = b_o3 * gl.expand_dims(gl.expand_dims(b_alpha, 1), 0)
-                b_m = b_m_new
-                b_ref = b_ref_new
-            b_p = gl.exp2(b_s - gl.where(b_m == float("-inf"), 0.0, b_m)[:, None])
-            b_l = b_l + gl.sum(b_p, 1)
-        else:
-            b_m_use = gl.where(b_m_new == float("-inf"), 0.0, b_m_new)
-            b_alpha = gl.exp2(b_m - b_m_use)
-            b_p = gl.exp2(b_s - b_m_use[:, None])
-            b_l = b_l * b_alpha + gl.sum(b_p, 1)
-            b_m = b_m_new
-            # the accumulator stays in units of the reference scale
-            b_alpha = b_alpha * (b_ref / b_ref_new)
-            b_ref = b_ref_new
+        b_m_use = gl.where(b_m_new == float("-inf"), 0.0, b_m_new)
+        b_alpha = gl.exp2(b_m - b_m_use)
+        b_p = gl.exp2(b_s - b_m_use[:, None])
+        b_l = b_l * b_alpha + gl.sum(b_p, 1)
+        b_m = b_m_new
+        # the accumulator stays in units of the reference scale
+        b_alpha = b_alpha * (b_ref / b_ref_new)
+        b_ref = b_ref_new
 
         # PV: P from registers, V (the same K tile) from shared memory
         if SPLIT_QK:
             # warp c: O's chunk c, P (which every warp holds whole) times the K tile's chunk c
-            if not LAZY_RESCALE:
-                b_o3 = b_o3 * gl.expand_dims(gl.expand_dims(b_alpha, 1), 0)
+            b_o3 = b_o3 * gl.expand_dims(gl.expand_dims(b_alpha, 1), 0)
             b_o3 = _pv_chunks(b_o3, b_p.to(gl.float16), k_s, A3_OP, B3_OP)
         else:
             b_o = b_o * gl.convert_layout(b_alpha, gl.SliceLayout(1, MMA))[:, None]
@@ -866,7 +841,6 @@ def sparse_mla_latent_ampere_gluon_kernel(
     EXTRA_BT_SHIFT: gl.constexpr,
     EXTRA_PAGE_SHIFT: gl.constexpr,
     SPLIT_QK: gl.constexpr,  # QK^T split over the latent, one chunk a warp (16 heads, 4 warps)
-    LAZY_RESCALE: gl.constexpr,  # O rescaled only where a row's maximum grew (SPLIT_QK only)
 ):
     gl.static_assert(L == 512 and (R == 64 or R == 0), "a 512-wide latent, 64 or no rope")
     gl.static_assert(BLOCK_H % 16 == 0 and BLOCK_N % 16 == 0, "16-row MMA tiles")
@@ -881,8 +855,6 @@ def sparse_mla_latent_ampere_gluon_kernel(
         not SPLIT_QK or (BLOCK_H == 16 and gl.num_warps() == NUM_CHUNKS),
         "QK^T split over the latent: 16 heads in one warp per latent chunk",
     )
-    # LAZY_RESCALE: as the fp8_ds_mla kernel's, without a reference scale
-    gl.static_assert(not LAZY_RESCALE or SPLIT_QK, "lazy rescaling: the split tiles only")
     KW: gl.constexpr = L // NUM_CHUNKS  # a chunk's latent columns
     RW: gl.constexpr = 64 // NUM_CHUNKS  # its RoPE columns (the ring holds 64 a row)
 
@@ -1063,27 +1035,16 @@ def sparse_mla_latent_ampere_gluon_kernel(
         m_s = gl.convert_layout(m_n, gl.SliceLayout(0, S_ROWS))
         b_s = gl.where(m_s[None, :], b_s * qk_scale, float("-inf"))
         b_m_new = gl.maximum(b_m, gl.max(b_s, 1))
-        if LAZY_RESCALE:
-            b_grow = gl.where(b_m_new > b_m, b_m_new - b_m, 0.0)
-            if gl.max(b_grow, 0) > LAZY_RESCALE_LOG2:
-                b_alpha = gl.exp2(b_m - gl.where(b_m_new == float("-inf"), 0.0, b_m_new))
-                b_l = b_l * b_alpha
-                b_o3 = b_o3 * gl.expand_dims(gl.expand_dims(b_alpha, 1), 0)
-                b_m = b_m_new
-            b_p = gl.exp2(b_s - gl.where(b_m == float("-inf"), 0.0, b_m)[:, None])
-            b_l = b_l + gl.sum(b_p, 1)
-        else:
-            b_m_use = gl.where(b_m_new == float("-inf"), 0.0, b_m_new)
-            b_alpha = gl.exp2(b_m - b_m_use)
-            b_p = gl.exp2(b_s - b_m_use[:, None])
-            b_l = b_l * b_alpha + gl.sum(b_p, 1)
-            b_m = b_m_new
+        b_m_use = gl.where(b_m_new == float("-inf"), 0.0, b_m_new)
+        b_alpha = gl.exp2(b_m - b_m_use)
+        b_p = gl.exp2(b_s - b_m_use[:, None])
+        b_l = b_l * b_alpha + gl.sum(b_p, 1)
+        b_m = b_m_new
 
         # PV: P from registers in q's dtype, V the slot's latent rows
         if SPLIT_QK:
             # warp c: O's chunk c, P (which every warp holds whole) times the rows' chunk c
-            if not LAZY_RESCALE:
-                b_o3 = b_o3 * gl.expand_dims(gl.expand_dims(b_alpha, 1), 0)
+            b_o3 = b_o3 * gl.expand_dims(gl.expand_dims(b_alpha, 1), 0)
             b_o3 = _pv_chunks(b_o3, b_p.to(dtype), k_slot, A3_OP, B3_OP)
         else:
             b_o = b_o * b_alpha[:, None]
