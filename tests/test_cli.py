@@ -492,35 +492,56 @@ def test_ptx_jit_refusal_accepts_newer_nvidia_gpus():
     )
 
 
-def test_carveout_lands_on_the_targets_shared_memory_configuration():
-    """ptx_jit.carveout_percent rounds down, so that the driver's rounding up to a configuration
-    of the host lands on the target's: on an H200 (228 KB a multiprocessor, configurations 0, 8,
-    16, 32, 64, 100, 132, 164, 196, 228 KB) 100 KB for sm86 / sm89, 164 KB for sm80 / sm87."""
+def test_padded_shared_holds_the_targets_blocks_per_multiprocessor():
+    """ptx_jit.padded_shared: launched with the padded shared memory, an H200 multiprocessor
+    (228 KB, 2048 threads, 32 blocks) holds exactly as many blocks as the target's would, for
+    every block size and shared-memory footprint that fits the target; the padding never
+    shrinks a kernel's shared memory nor passes the host's 227 KB a block."""
     from triton_mla_sparse.testing import ptx_jit
 
-    h200 = 228 * 1024
-    configs_kb = (0, 8, 16, 32, 64, 100, 132, 164, 196, 228)
-    for cc, want_kb in ((80, 164), (86, 100), (87, 164), (89, 100)):
-        pct = ptx_jit.carveout_percent(cc, h200)
-        asked = pct * h200 / 100
-        served = min(c for c in configs_kb if c * 1024 >= asked)
-        assert served == want_kb == ptx_jit.TARGET_SMEM_PER_SM[cc] // 1024, (cc, pct, served)
-    assert ptx_jit.carveout_percent(89, 100 * 1024) == 100  # never past the whole
-    for bad in ((90, h200), (89, 0)):
+    h200, optin = 228 * 1024, 227 * 1024
+    unit, reserved = ptx_jit.SMEM_ALLOC_UNIT, ptx_jit.SMEM_RESERVED_PER_BLOCK
+
+    def h200_blocks(shared: int, threads: int) -> int:
+        per_block = -(-(shared + reserved) // unit) * unit
+        return min(h200 // per_block, 2048 // threads, 32)
+
+    for cc in ptx_jit.EMULATED_CCS:
+        for threads in (32, 128, 256, 512, 1024):
+            for shared in range(0, optin + 1, 512):
+                blocks = ptx_jit.target_blocks_per_sm(cc, shared, threads)
+                padded = ptx_jit.padded_shared(cc, shared, threads, h200)
+                if blocks == 0:  # does not fit the target: left as it is (too_big reports it)
+                    assert padded == shared
+                    continue
+                assert shared <= padded <= optin, (cc, threads, shared, padded)
+                assert h200_blocks(padded, threads) == blocks, (cc, threads, shared, padded)
+    # the sm89 path's 97 KB fp8_ds_mla tile: one block on an L40S, two on an unpadded H200
+    assert ptx_jit.target_blocks_per_sm(89, 96768, 128) == 1
+    assert h200_blocks(96768, 128) == 2
+    assert h200_blocks(ptx_jit.padded_shared(89, 96768, 128, h200), 128) == 1
+    # an A100 holds two 64 KB 4-warp blocks, an L40S one; 16 256-thread blocks of no shared
+    # memory are the L40S's thread limit (1536: 6 blocks)
+    assert ptx_jit.target_blocks_per_sm(80, 64 * 1024, 128) == 2
+    assert ptx_jit.target_blocks_per_sm(89, 64 * 1024, 128) == 1
+    assert ptx_jit.target_blocks_per_sm(89, 0, 256) == 6
+    for bad in ((90, 0, 128), (89, -1, 128), (89, 0, 0)):
         with pytest.raises(ValueError):
-            ptx_jit.carveout_percent(*bad)
+            ptx_jit.target_blocks_per_sm(*bad)
 
 
 @pytest.mark.skipif(
     not HAS_GPU or torch.version.hip is not None, reason="runs sm_8x PTX through the CUDA driver"
 )
-def test_target_smem_sets_each_loaded_kernels_carveout():
-    """enable(target_smem=True): every kernel loaded while enabled carries the target's
-    preferred carveout (read back from the driver), the kernels pass the reference check, and
-    disable() removes the load hook."""
+def test_target_smem_launches_the_targets_blocks_per_multiprocessor():
+    """enable(target_smem=True): every kernel loaded while enabled may take the padded launch
+    (the load hook saw it), the driver's occupancy for the padded launch is the target's
+    blocks per multiprocessor (or fewer where this GPU's registers bound it already), the
+    kernels pass the reference check, and disable() removes the hook and the padding."""
     import ctypes
 
     import triton.knobs as knobs
+    from triton.backends.nvidia.compiler import CUDABackend
 
     from triton_mla_sparse.ops.sparse_mla import launch
     from triton_mla_sparse.testing import ptx_jit
@@ -531,19 +552,17 @@ def test_target_smem_sets_each_loaded_kernels_carveout():
     torch.zeros(1, device=dev)
     cuda = ctypes.CDLL("libcuda.so.1")
 
-    def carveout(kernel) -> int:
-        value = ctypes.c_int()
-        err = cuda.cuFuncGetAttribute(
-            ctypes.byref(value),
-            ptx_jit._CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
-            ctypes.c_void_p(kernel.function),
+    def occupancy(kernel, threads: int, shared: int) -> int:
+        blocks = ctypes.c_int()
+        err = cuda.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+            ctypes.byref(blocks), ctypes.c_void_p(kernel.function), threads, ctypes.c_size_t(shared)
         )
         assert err == 0, err
-        return value.value
+        return blocks.value
 
     kernels = launch.launchable_kernels()
     hooks = list(knobs.runtime.kernel_load_end_hook.calls)
-    smem = torch.cuda.get_device_properties(dev).shared_memory_per_multiprocessor
+    pack = CUDABackend.__dict__["pack_metadata"]
     emu = ptx_jit.enable(89, reset=kernels, target_smem=True)
     try:
         ptx_jit.check_jit(emu, dev)
@@ -551,12 +570,21 @@ def test_target_smem_sets_each_loaded_kernels_carveout():
         assert run_case(case, dev, time_it=False).passed
         built = [k for kern in kernels for k in ptx_jit.loaded(kern)]
         assert built
-        # the hook ran for each (it checks the value it set), and the value held past the loader
-        assert {k.function for k in built} <= emu.carveout_functions
-        assert {carveout(k) for k in built} == {ptx_jit.carveout_percent(89, smem)}
+        assert {k.function for k in built} <= emu.occupancy_functions
+        for k in built:
+            num_warps, _, padded = k.packed_metadata
+            threads = num_warps * 32
+            want = ptx_jit.target_blocks_per_sm(89, k.metadata.shared, threads)
+            assert padded >= k.metadata.shared
+            assert occupancy(k, threads, padded) == min(
+                want, occupancy(k, threads, k.metadata.shared)
+            ), (k.name, k.metadata.shared, padded)
+        # the sm89 path's 16-head fp8_ds_mla tile holds 76.5 KB: one block on an L40S's SM
+        assert any(ptx_jit.target_blocks_per_sm(89, k.metadata.shared, 128) == 1 for k in built)
     finally:
         emu.disable()
     assert knobs.runtime.kernel_load_end_hook.calls == hooks
+    assert CUDABackend.__dict__["pack_metadata"] is pack
 
 
 @pytest.mark.skipif(

@@ -208,7 +208,7 @@ def path_context(path: KernelPath, device, target_smem: bool = False):
     # every kernel a call can launch, the Gluon ones included: a binary another path built
     # (or the native one) is not reused
     if target_smem:
-        torch.zeros(1, device=device)  # a CUDA context: the carveout hook asks the driver
+        torch.zeros(1, device=device)  # a CUDA context: the padding asks the driver
     emu = ptx_jit.enable(path.cc, reset=launch.launchable_kernels(), target_smem=target_smem)
     try:
         ptx_jit.check_jit(emu, device)

@@ -552,7 +552,7 @@ def main() -> None:
         "--target-smem",
         action="store_true",
         help="with --arch: each kernel gets that target's shared memory per multiprocessor, so "
-        "that as many programs share one as on the target (testing.ptx_jit.carveout_percent)",
+        "that as many programs share one as on the target (testing.ptx_jit.padded_shared)",
     )
     ap.add_argument(
         "--max-seconds",

@@ -145,9 +145,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
         "--target-smem",
         action="store_true",
         help="with --arch: give every kernel the target's shared memory per multiprocessor "
-        "(164 KB for sm80, 100 KB for sm86 / sm89, through the driver's preferred carveout), so "
-        "that as many programs share a multiprocessor as on the target; without it they share "
-        "this GPU's (228 KB on an H200)",
+        "(164 KB for sm80, 100 KB for sm86 / sm89; its threads and blocks too: each launch's "
+        "shared memory is padded), so that as many programs share a multiprocessor as on the "
+        "target; without it they share this GPU's (228 KB on an H200)",
     )
     p.add_argument(
         "--e4m3-decode",
@@ -273,7 +273,7 @@ def start_emulation(cc: int, device, target_smem: bool = False):
     why = ptx_jit.refusal(cc, torch.cuda.get_device_capability(device), hip)
     if why is None:
         if target_smem:
-            torch.zeros(1, device=device)  # a CUDA context: the carveout hook asks the driver
+            torch.zeros(1, device=device)  # a CUDA context: the padding asks the driver
         # kernels launched before would keep their native binaries: start them afresh
         emu = ptx_jit.enable(cc, reset=launch.launchable_kernels(), target_smem=target_smem)
         try:

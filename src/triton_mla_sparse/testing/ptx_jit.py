@@ -21,10 +21,12 @@ Shared memory is the host GPU's (227 KB on an H200), so a kernel that would not 
 part still runs: check :func:`describe`'s ``shared`` against the target's limit
 (:attr:`Emulation.arch`'s ``smem_bytes``). By default the host's multiprocessors also hold as
 many programs as its shared memory allows (two 97 KB programs on an H200, one on an L40S's
-100 KB); with ``target_smem=True`` each kernel loaded while enabled asks the driver for the
-target's shared-memory configuration per multiprocessor (the preferred carveout,
-:data:`TARGET_SMEM_PER_SM`), so that programs share a multiprocessor as they would on the
-target. Before relying on it, :func:`refusal` says whether
+100 KB); with ``target_smem=True`` each kernel compiled while enabled launches with its
+dynamic shared memory padded (:func:`padded_shared`) so that a host multiprocessor holds as
+many of its programs as the target's would (its shared memory, threads and blocks per
+multiprocessor: :data:`TARGET_SMEM_PER_SM`). Padding does not depend on the driver's choice of
+shared-memory configuration: asking it for the target's carveout did not reach the launch on an
+H200, where Triton's loader gives every kernel above 48 KB the PREFER_SHARED cache preference. Before relying on it, :func:`refusal` says whether
 this GPU can run the target's PTX at all, and :func:`check_jit` loads one small kernel through
 the driver's JIT (an older driver refuses a newer PTX ISA version).
 
@@ -58,19 +60,26 @@ EMULATED_CCS = (80, 86, 87, 89)
 CC_MAJOR = 10
 # elements of check_jit's probe kernel (one block)
 _PROBE_N = 128
-# Shared memory per multiprocessor of the emulated targets, bytes (CUDA C++ Programming Guide,
-# compute capabilities table: 8.0 and 8.7 have 164 KB, 8.6 and 8.9 100 KB), the configuration
-# enable(target_smem=True) asks the host's driver for
+# What bounds the programs a multiprocessor of an emulated target holds, besides registers (64K
+# 32-bit registers on every one of them and on the sm90 host alike), from the CUDA C++
+# Programming Guide's compute capabilities table: shared memory per multiprocessor, bytes (8.0
+# and 8.7 have 164 KB, 8.6 and 8.9 100 KB), resident threads and resident blocks per
+# multiprocessor. enable(target_smem=True) emulates them (padded_shared).
 TARGET_SMEM_PER_SM = {80: 164 * 1024, 86: 100 * 1024, 87: 164 * 1024, 89: 100 * 1024}
-# cuda.h: CUfunction_attribute CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT and
-# CUdevice_attribute CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR
-_CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT = 9
+TARGET_THREADS_PER_SM = {80: 2048, 86: 1536, 87: 2048, 89: 1536}
+TARGET_BLOCKS_PER_SM = {80: 32, 86: 16, 87: 32, 89: 24}
+# shared memory the system reserves per resident block (8.x and 9.0: 1 KB), and the unit in
+# which a block's shared memory is allocated
+SMEM_RESERVED_PER_BLOCK = 1024
+SMEM_ALLOC_UNIT = 128
+# cuda.h: CUfunction_attribute CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES and
+# CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES; CUdevice_attribute
+# CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN and
+# CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR
+_CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES = 1
+_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+_CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97
 _CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR = 82
-# cuda.h: CUfunc_cache CU_FUNC_CACHE_PREFER_NONE. Triton's loader gives each kernel of more than
-# 48 KB CU_FUNC_CACHE_PREFER_SHARED. Kernels loaded under a hook that only set the carveout read
-# it back as 100% on an H200 (driver 580) and ran in the 228 KB configuration (Nsight Compute: two
-# 97 KB programs a multiprocessor), so the hook clears that preference first and checks the value
-_CU_FUNC_CACHE_PREFER_NONE = 0
 
 
 class EmulationUnavailable(RuntimeError):
@@ -136,56 +145,86 @@ class Compiled:
         )
 
 
-def carveout_percent(cc: int, host_smem_per_sm: int) -> int:
-    """The preferred shared-memory carveout, in percent of the host's shared memory per
-    multiprocessor, whose configuration is ``cc``'s (:data:`TARGET_SMEM_PER_SM`). The driver
-    rounds a carveout up to a configuration the host supports (an H200's: 0, 8, 16, 32, 64,
-    100, 132, 164, 196 and 228 KB), so the percentage is rounded down: 43% of 228 KB is 98 KB,
-    which the driver serves as 100 KB; 71%, 162 KB, as 164 KB."""
+def _round_up(n: int, unit: int) -> int:
+    return -(-n // unit) * unit
+
+
+def target_blocks_per_sm(cc: int, shared: int, threads: int) -> int:
+    """How many blocks of ``threads`` threads and ``shared`` bytes of shared memory one
+    multiprocessor of compute capability ``cc`` holds, as far as shared memory, threads and its
+    block limit bound it (0: the block does not fit)."""
     if cc not in TARGET_SMEM_PER_SM:
         raise ValueError(f"cc must be one of {sorted(TARGET_SMEM_PER_SM)}, got {cc!r}")
-    if host_smem_per_sm <= 0:
-        raise ValueError(f"host_smem_per_sm must be positive, got {host_smem_per_sm!r}")
-    return min(100, TARGET_SMEM_PER_SM[cc] * 100 // host_smem_per_sm)
+    if shared < 0 or threads <= 0:
+        raise ValueError(
+            f"need shared >= 0 and threads > 0, got shared={shared}, threads={threads}"
+        )
+    per_block = _round_up(shared + SMEM_RESERVED_PER_BLOCK, SMEM_ALLOC_UNIT)
+    return min(
+        TARGET_SMEM_PER_SM[cc] // per_block,
+        TARGET_THREADS_PER_SM[cc] // threads,
+        TARGET_BLOCKS_PER_SM[cc],
+    )
 
 
-def _carveout_hook(cc: int) -> Any:
-    """A Triton kernel-load hook that sets each loaded kernel's preferred carveout to ``cc``'s
-    shared memory per multiprocessor (through the CUDA driver API)."""
+def padded_shared(cc: int, shared: int, threads: int, host_smem_per_sm: int) -> int:
+    """The dynamic shared memory to launch a kernel with on the host so that a host
+    multiprocessor holds as many of its blocks as one of compute capability ``cc`` would: the
+    kernel's own ``shared`` bytes, raised until no more than that many blocks fit into the
+    host's ``host_smem_per_sm`` (an H200's 228 KB hold two 97 KB blocks, an L40S's 100 KB one:
+    the block is launched with 227 KB there). Unchanged where the block does not fit the
+    target at all (:meth:`Emulation.too_big` reports those)."""
+    blocks = target_blocks_per_sm(cc, shared, threads)
+    if blocks == 0:
+        return shared
+    room = host_smem_per_sm // blocks
+    padded = room // SMEM_ALLOC_UNIT * SMEM_ALLOC_UNIT - SMEM_RESERVED_PER_BLOCK
+    return max(shared, padded)
+
+
+def _occupancy_hook() -> Any:
+    """A Triton kernel-load hook that lets each loaded kernel launch with up to the host's whole
+    shared memory per block (Triton's loader does so only for kernels of more than 48 KB), for
+    the padded launches of :func:`padded_shared`."""
+    import ctypes
+
+    cuda = ctypes.CDLL("libcuda.so.1")
+
+    def check(err: int, what: str) -> None:
+        if err != 0:
+            raise RuntimeError(f"{what}: CUDA driver error {err}")
+
+    device, optin = ctypes.c_int(), ctypes.c_int()
+    check(cuda.cuCtxGetDevice(ctypes.byref(device)), "the current device")
+    attr = _CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+    check(cuda.cuDeviceGetAttribute(ctypes.byref(optin), attr, device), "shared memory per block")
+
+    def hook(module, function, name, *_):
+        handle, static = ctypes.c_void_p(function), ctypes.c_int()
+        attr = _CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES
+        check(cuda.cuFuncGetAttribute(ctypes.byref(static), attr, handle), name)
+        attr = _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        check(cuda.cuFuncSetAttribute(handle, attr, optin.value - static.value), name)
+        hook.functions.add(function)
+
+    hook.functions = set()  # the CUfunction handles it configured (read by the tests)
+    return hook
+
+
+def host_smem_per_sm() -> int:
+    """Shared memory per multiprocessor of the current CUDA device, bytes."""
     import ctypes
 
     cuda = ctypes.CDLL("libcuda.so.1")
     device, smem = ctypes.c_int(), ctypes.c_int()
-    for call in (
+    attr = _CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR
+    for err in (
         cuda.cuCtxGetDevice(ctypes.byref(device)),
-        cuda.cuDeviceGetAttribute(
-            ctypes.byref(smem), _CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, device
-        ),
+        cuda.cuDeviceGetAttribute(ctypes.byref(smem), attr, device),
     ):
-        if call != 0:
-            raise EmulationUnavailable(f"reading the GPU's shared memory: CUDA driver error {call}")
-    percent = carveout_percent(cc, smem.value)
-
-    def check(err: int, name: str, what: str) -> None:
         if err != 0:
-            raise RuntimeError(f"{name}: {what}: CUDA driver error {err}")
-
-    def hook(module, function, name, *_):
-        handle, value = ctypes.c_void_p(function), ctypes.c_int()
-        err = cuda.cuFuncSetCacheConfig(handle, _CU_FUNC_CACHE_PREFER_NONE)
-        check(err, name, "clearing the cache preference")
-        attr = _CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
-        check(cuda.cuFuncSetAttribute(handle, attr, ctypes.c_int(percent)), name, "setting it")
-        check(cuda.cuFuncGetAttribute(ctypes.byref(value), attr, handle), name, "reading it")
-        if value.value != percent:
-            raise RuntimeError(
-                f"{name}: the driver reads the carveout back as {value.value}%, not the "
-                f"{percent}% set"
-            )
-        hook.functions.add(function)
-
-    hook.functions = set()  # the CUfunction handles the hook configured (read by the tests)
-    return hook
+            raise EmulationUnavailable(f"reading the GPU's shared memory: CUDA driver error {err}")
+    return smem.value
 
 
 def _ptx_facts(ptx: str) -> tuple[str | None, str]:
@@ -231,9 +270,9 @@ class Emulation:
     cache_dir: str
     compiled: list[Compiled] = dataclasses.field(default_factory=list)
     arch: Any = None
-    target_smem: bool = False  # kernels get the target's shared memory per multiprocessor
-    # with target_smem: the CUfunction handles of the kernels given the target's carveout
-    carveout_functions: set = dataclasses.field(default_factory=set)
+    target_smem: bool = False  # kernels launch as many blocks a multiprocessor as on the target
+    # with target_smem: the CUfunction handles of the kernels loaded for padded launches
+    occupancy_functions: set = dataclasses.field(default_factory=set)
     _undo: list = dataclasses.field(default_factory=list, repr=False)
 
     def too_big(self, since: int = 0) -> list[Compiled]:
@@ -308,10 +347,11 @@ def enable(
         reset: JITFunctions whose in-memory caches are cleared (kernels launched before this
             call would otherwise keep their native binaries).
         patch_project_arch: make ``triton_mla_sparse``'s architecture lookup report ``cc``.
-        target_smem: give each kernel loaded while enabled the target's shared-memory
-            configuration per multiprocessor (:func:`carveout_percent`), so that as many of
-            its programs share a multiprocessor as on the target (needs a GPU and a CUDA
-            context: call it after the first CUDA operation).
+        target_smem: launch each kernel compiled while enabled with its dynamic shared memory
+            padded (:func:`padded_shared`) so that a multiprocessor holds as many of its
+            programs as one of the target (its shared memory, threads and blocks per
+            multiprocessor) would (needs a GPU and a CUDA context: call it after the first
+            CUDA operation).
     """
     global _ACTIVE
     if not isinstance(cc, int) or cc not in EMULATED_CCS:
@@ -366,8 +406,19 @@ def enable(
         if target_smem:
             import triton.knobs as knobs
 
-            hook = _carveout_hook(cc)
-            emu.carveout_functions = hook.functions
+            host = host_smem_per_sm()
+            pack = nv_compiler.CUDABackend.pack_metadata
+
+            def pack_metadata(self, metadata):
+                # the launch's (num_warps, num_ctas, shared): shared padded to the target's
+                # blocks per multiprocessor; the kernel itself and its metadata are unchanged
+                num_warps, num_ctas, shared = pack(self, metadata)
+                threads = num_warps * target.warp_size  # one CTA's
+                return num_warps, num_ctas, padded_shared(cc, shared, threads, host)
+
+            _patch(undo, nv_compiler.CUDABackend, "pack_metadata", pack_metadata)
+            hook = _occupancy_hook()
+            emu.occupancy_functions = hook.functions
             knobs.runtime.kernel_load_end_hook.add(hook)
             undo.append(lambda: knobs.runtime.kernel_load_end_hook.remove(hook))
         for kernel in reset:
