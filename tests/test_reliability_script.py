@@ -496,3 +496,25 @@ def test_ds_step_scale_probe_changes_the_reference_scale_between_steps():
         on_gpu=True,
     )
     assert plan.family == DS_MLA_GLUON_WS
+
+
+def test_split_qk_forces_the_split_where_the_tile_takes_it(monkeypatch):
+    """--split-qk: every case whose tile is the mma.sync kernel's 16-head four-warp tile, in a
+    format that splits, runs with QK^T split over the latent (passed as config=), whatever its
+    walk length; every other case keeps the heuristics' configuration and config=None."""
+    rel = _reliability()
+    arch = rel.heuristics.Arch("cuda", 90, 132)
+    fp8 = rel.Kind("dsmla-bf16", torch.bfloat16, "fp8_ds_mla")
+    rows = rel.Kind("auto-bf16", torch.bfloat16, "auto")
+    one_step = rel.Case(fp8, 1, 16, 32, "flat", True, True)  # one step a program: no split
+    rows_short = rel.Case(rows, 4, 16, 100, "flat", True, True)
+    wide = rel.Case(rows, 4, 64, 100, "flat", True, True)  # sm90's own kernel at 64 heads
+    for case in (one_step, rows_short):
+        assert case.config(arch).gluon == "ampere" and not case.config(arch).split_qk
+        assert case.override(arch) is None
+    monkeypatch.setattr(rel, "_SPLIT_QK", True)
+    for case in (one_step, rows_short):
+        cfg = case.config(arch)
+        assert cfg.split_qk and (cfg.block_h, cfg.num_warps) == (16, 4)
+        assert case.override(arch) == cfg
+    assert not wide.config(arch).split_qk and wide.override(arch) is None

@@ -139,6 +139,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--list", action="store_true", help="print the selected cases and exit")
     p.add_argument(
+        "--split-qk",
+        action="store_true",
+        help="QK^T split over the latent (KernelConfig.split_qk) in every mma.sync tile that "
+        "takes it, where the heuristics would not split: the split tiles on every shape",
+    )
+    p.add_argument(
         "--fp8-q",
         choices=("bf16", "fp16", "fp32"),
         default="bf16",
@@ -219,6 +225,7 @@ def _imports() -> None:
     global torch, sparse_mla, sparse_mla_reference, physical_rows, heuristics, launch_mod
     global choose_config, split_len_for, config_label, pack_fp8_ds_mla, quantize_fp8, KernelConfig
     global kv_format_mod, compare_sparse_mla, reference_dtype, sparse_mla_tolerance
+    global splits_qk, SPLIT_QK_FORMATS
     import torch
 
     from triton_mla_sparse import kv_format as kv_format_mod
@@ -227,9 +234,11 @@ def _imports() -> None:
     from triton_mla_sparse.ops.sparse_mla import heuristics
     from triton_mla_sparse.ops.sparse_mla import launch as launch_mod
     from triton_mla_sparse.ops.sparse_mla.heuristics import (
+        SPLIT_QK_FORMATS,
         KernelConfig,
         choose_config,
         split_len_for,
+        splits_qk,
     )
     from triton_mla_sparse.ops.sparse_mla.interface import sparse_mla
     from triton_mla_sparse.reference import physical_rows, sparse_mla_reference
@@ -245,6 +254,7 @@ def _imports() -> None:
 
 
 _CHOOSE_BT = False
+_SPLIT_QK = False  # --split-qk
 
 
 # ----------------------------------------------------------------------------------------------
@@ -321,11 +331,27 @@ class Case:
         )
         if self.kind.native is False:
             cfg = dataclasses.replace(cfg, fp8_native=False)
+        if _SPLIT_QK and self.forces_split(cfg):
+            cfg = dataclasses.replace(cfg, split_qk=True)
         return cfg
 
+    def forces_split(self, cfg: KernelConfig) -> bool:
+        """--split-qk: the heuristics' tile takes the split but they did not choose it."""
+        return (
+            cfg.gluon == "ampere"
+            and not cfg.split_qk
+            and not cfg.q_rope_in_registers
+            and self.kind.kv_format in SPLIT_QK_FORMATS
+            and splits_qk(cfg.block_h, cfg.num_warps)
+        )
+
     def override(self, arch) -> KernelConfig | None:
-        """The ``config=`` argument: None (the interface chooses) unless the decode is forced."""
-        return self.config(arch) if self.kind.native is False else None
+        """The ``config=`` argument: None (the interface chooses) unless the decode or the
+        split (--split-qk) is forced."""
+        if self.kind.native is False:
+            return self.config(arch)
+        cfg = self.config(arch)
+        return cfg if _SPLIT_QK and cfg.split_qk else None
 
 
 def make_kinds(args: argparse.Namespace, arch) -> list[Kind]:
@@ -1438,6 +1464,8 @@ def _title(args: argparse.Namespace) -> str:
         t += f" sm{args.arch} (PTX JIT)"
     if args.compile_only:
         t += " compile-only"
+    if args.split_qk:
+        t += " split-qk"
     return t
 
 
@@ -1462,6 +1490,8 @@ def main(argv: list[str] | None = None) -> int:
         return merge_logs(args.merge)
     _setup_env(args)
     _imports()
+    global _SPLIT_QK
+    _SPLIT_QK = args.split_qk
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.jobs > 1 and not args.list:
@@ -1476,6 +1506,11 @@ def main(argv: list[str] | None = None) -> int:
             print("no CUDA device: run on the GPU, or use --smoke on CPU", file=sys.stderr)
             return 2
         device = torch.device("cuda", torch.cuda.current_device())
+    if args.split_qk and device.type != "cuda":
+        print(
+            "--split-qk forces the mma.sync Gluon kernels, which run on a GPU only", file=sys.stderr
+        )
+        return 2
     emu = None
     if args.suite == "emulate":
         sys.path.insert(0, HERE)
