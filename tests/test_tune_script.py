@@ -309,6 +309,14 @@ def test_register_cap_sweep_plans_on_sm90(tune, monkeypatch):
             )
         else:
             assert not qr
+        split = [c for c in rest if c.split_qk]
+        if case.kv_format == "fp8_ds_mla":  # the split 32-row tile at 168: three programs too
+            assert split and all((c.block_n, c.max_registers) == (32, 168) for c in split)
+            k = min(c.num_splits for c in split)
+            assert sorted(c.num_splits for c in split) == sorted({k, (3 * k + 1) // 2, 2 * k})
+            assert 3 * (ampere_gluon_smem(16, 32, 1, split_qk=True) + 1024) <= 228 * 1024
+        else:
+            assert not split
         assert len(set(rest)) == len(rest) and cfgs[0] not in rest
         for cfg in cfgs:
             plan = plan_of(case, cfg, arch)

@@ -284,22 +284,30 @@ AMPERE_REG_TILES = (((16, 32, 4), ()), ((16, 16, 4), (168, 128)), ((16, 32, 8), 
 # fp8_ds_mla's 32-row default with q's RoPE part in registers (KernelConfig.q_rope_in_registers):
 # 73.5 KB, so at 168 registers (no spill) three programs per sm90 multiprocessor
 AMPERE_QR_REG_TILES = (((16, 32, 4), 168),)
+# fp8_ds_mla's 32-row tile with QK^T split over the latent (KernelConfig.split_qk; the default
+# from four steps a program): 64.5 KB, so registers alone keep it at two programs per sm90
+# multiprocessor: compiled for sm90 (docs/perf-log/52-split-regs-sass.txt) it holds 234
+# uncapped, 168 capped (three programs) with no spill under Triton 3.8 and 8 bytes under 3.6 (a
+# loop pass 824 -> 886 instructions a warp); 128 spills 600 bytes
+AMPERE_SPLIT_REG_TILES = (((16, 32, 4), 168),)
 
 
 def ampere_reg_tiles(c: Case) -> list[KernelConfig]:
     """The path's default, then the mma.sync kernel's 16-head tiles uncapped and under the
     register caps that raise their programs per multiprocessor (fp8_ds_mla's 32-row tile with
-    q's RoPE part in registers too)."""
+    q's RoPE part in registers and with QK^T split over the latent too)."""
     arch = arch_of(torch.device("cuda"))
     default = choose_config(c.tokens, c.heads, c.topk, c.dtype, c.kv_format, arch)
     ds_mla = c.kv_format == "fp8_ds_mla"
     ring = 1 if ds_mla else 2
-    # (tile, register cap, q's RoPE part in registers)
-    variants = [(t, cap, False) for t, caps in AMPERE_REG_TILES for cap in (None, *caps)]
-    variants += [(t, cap, True) for t, cap in AMPERE_QR_REG_TILES if ds_mla]
+    # (tile, register cap, q's RoPE part in registers, QK^T split over the latent)
+    variants = [(t, cap, False, False) for t, caps in AMPERE_REG_TILES for cap in (None, *caps)]
+    variants += [(t, cap, True, False) for t, cap in AMPERE_QR_REG_TILES if ds_mla]
+    variants += [(t, cap, False, True) for t, cap in AMPERE_SPLIT_REG_TILES if ds_mla]
     out = [default]
-    for (block_h, block_n, warps), cap, qr in variants:
-        if ampere_gluon_smem(block_h, block_n, ring, c.kv_format, qr) > arch.smem_bytes:
+    for (block_h, block_n, warps), cap, qr, split in variants:
+        smem = ampere_gluon_smem(block_h, block_n, ring, c.kv_format, qr, split_qk=split)
+        if smem > arch.smem_bytes:
             continue
         splits = num_splits_for(c.tokens, c.topk, block_n, arch.num_sms, block_h)
         for k in sorted({splits, (3 * splits + 1) // 2, 2 * splits}):
@@ -314,6 +322,7 @@ def ampere_reg_tiles(c: Case) -> list[KernelConfig]:
                 gluon="ampere",
                 max_registers=cap,
                 q_rope_in_registers=qr,
+                split_qk=split,
             )
             if cfg != default:
                 out.append(cfg)
