@@ -26,9 +26,10 @@ dynamic shared memory padded (:func:`padded_shared`) so that a host multiprocess
 many of its programs as the target's would (its shared memory, threads and blocks per
 multiprocessor: :data:`TARGET_SMEM_PER_SM`). Padding does not depend on the driver's choice of
 shared-memory configuration: asking it for the target's carveout did not reach the launch on an
-H200, where Triton's loader gives every kernel above 48 KB the PREFER_SHARED cache preference. Before relying on it, :func:`refusal` says whether
-this GPU can run the target's PTX at all, and :func:`check_jit` loads one small kernel through
-the driver's JIT (an older driver refuses a newer PTX ISA version).
+H200, where Triton's loader gives every kernel above 48 KB the PREFER_SHARED cache preference.
+Before relying on any of it, :func:`refusal` says whether this GPU can run the target's PTX at
+all, and :func:`check_jit` loads one small kernel through the driver's JIT (an older driver
+refuses a newer PTX ISA version).
 
 Usage (enable before the first launch of any kernel that should be emulated, or pass the
 kernels to reset)::
@@ -40,7 +41,9 @@ kernels to reset)::
         print(rec)
 
 Works with Triton 3.6 through 3.8 (the same hooks exist in both: ``CudaDriver.get_current_target``,
-``CUDABackend.make_cubin(self, src, metadata, opt, capability)``, ``JITFunction.device_caches``).
+``CUDABackend.make_cubin(self, src, metadata, opt, capability)``, ``JITFunction.device_caches``,
+and for ``target_smem`` ``CUDABackend.pack_metadata`` (the launch's warps, CTAs and shared
+memory) and ``knobs.runtime.kernel_load_end_hook``).
 Importing this module imports nothing from Triton and touches no GPU.
 """
 
