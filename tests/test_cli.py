@@ -492,6 +492,25 @@ def test_ptx_jit_refusal_accepts_newer_nvidia_gpus():
     )
 
 
+def test_ptx_jit_driver_enums_are_cuda_h_values():
+    """The CUDA driver enum values testing.ptx_jit passes through ctypes are cuda.h's (read from
+    the header Triton ships): a wrong one reads or sets another attribute without any error."""
+    from pathlib import Path
+
+    import triton
+
+    from triton_mla_sparse.testing import ptx_jit
+
+    cuda_h = Path(triton.__file__).parent / "backends" / "nvidia" / "include" / "cuda.h"
+    text = cuda_h.read_text()
+    names = [n for n in vars(ptx_jit) if n.startswith("_CU_")]
+    assert names
+    for name in names:
+        m = re.search(rf"\b{name[1:]}\s*=\s*(\d+)", text)
+        assert m, name
+        assert getattr(ptx_jit, name) == int(m.group(1)), name
+
+
 def test_padded_shared_holds_the_targets_blocks_per_multiprocessor():
     """ptx_jit.padded_shared: launched with the padded shared memory, an H200 multiprocessor
     (228 KB, 2048 threads, 32 blocks) holds exactly as many blocks as the target's would, for
@@ -500,7 +519,7 @@ def test_padded_shared_holds_the_targets_blocks_per_multiprocessor():
     from triton_mla_sparse.testing import ptx_jit
 
     h200, optin = 228 * 1024, 227 * 1024
-    unit, reserved = ptx_jit.SMEM_ALLOC_UNIT, ptx_jit.SMEM_RESERVED_PER_BLOCK
+    unit, reserved = 128, 1024  # cuda_occupancy.h: allocation granularity, reserved per block
 
     def h200_blocks(shared: int, threads: int) -> int:
         per_block = -(-(shared + reserved) // unit) * unit

@@ -24,10 +24,8 @@ many programs as its shared memory allows (two 97 KB programs on an H200, one on
 100 KB); with ``target_smem=True`` each kernel compiled while enabled launches with its
 dynamic shared memory padded (:func:`padded_shared`) so that a host multiprocessor holds as
 many of its programs as the target's would (its shared memory, threads and blocks per
-multiprocessor: :data:`TARGET_SMEM_PER_SM`). Padding does not depend on the driver's choice of
-shared-memory configuration: asking it for the target's carveout did not reach the launch on an
-H200, where Triton's loader gives every kernel above 48 KB the PREFER_SHARED cache preference.
-Before relying on any of it, :func:`refusal` says whether this GPU can run the target's PTX at
+multiprocessor: :data:`TARGET_SMEM_PER_SM`); a target's carveout alone would bound shared
+memory only, and leave a larger L1 than the target's. Before relying on any of it, :func:`refusal` says whether this GPU can run the target's PTX at
 all, and :func:`check_jit` loads one small kernel through the driver's JIT (an older driver
 refuses a newer PTX ISA version).
 
@@ -69,20 +67,24 @@ _PROBE_N = 128
 # and 8.7 have 164 KB, 8.6 and 8.9 100 KB), resident threads and resident blocks per
 # multiprocessor. enable(target_smem=True) emulates them (padded_shared).
 TARGET_SMEM_PER_SM = {80: 164 * 1024, 86: 100 * 1024, 87: 164 * 1024, 89: 100 * 1024}
-TARGET_THREADS_PER_SM = {80: 2048, 86: 1536, 87: 2048, 89: 1536}
-TARGET_BLOCKS_PER_SM = {80: 32, 86: 16, 87: 32, 89: 24}
+TARGET_THREADS_PER_SM = {80: 2048, 86: 1536, 87: 1536, 89: 1536}
+TARGET_BLOCKS_PER_SM = {80: 32, 86: 16, 87: 16, 89: 24}
 # shared memory the system reserves per resident block (8.x and 9.0: 1 KB), and the unit in
 # which a block's shared memory is allocated
 SMEM_RESERVED_PER_BLOCK = 1024
 SMEM_ALLOC_UNIT = 128
-# cuda.h: CUfunction_attribute CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES and
-# CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES; CUdevice_attribute
+# cuda.h's values (tests/test_cli.py reads them from the cuda.h Triton ships): CUfunction_attribute
+# CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES and
+# CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT; CUshared_carveout
+# CU_SHAREDMEM_CARVEOUT_MAX_SHARED; CUdevice_attribute
 # CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN and
 # CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR
 _CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES = 1
 _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+_CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT = 9
+_CU_SHAREDMEM_CARVEOUT_MAX_SHARED = 100
 _CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97
-_CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR = 82
+_CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR = 81
 
 
 class EmulationUnavailable(RuntimeError):
@@ -188,7 +190,9 @@ def padded_shared(cc: int, shared: int, threads: int, host_smem_per_sm: int) -> 
 def _occupancy_hook() -> Any:
     """A Triton kernel-load hook that lets each loaded kernel launch with up to the host's whole
     shared memory per block (Triton's loader does so only for kernels of more than 48 KB), for
-    the padded launches of :func:`padded_shared`."""
+    the padded launches of :func:`padded_shared`, and asks for the largest shared-memory
+    configuration, so that the padded blocks, not the driver's choice of configuration, bound
+    the blocks a multiprocessor holds."""
     import ctypes
 
     cuda = ctypes.CDLL("libcuda.so.1")
@@ -208,6 +212,11 @@ def _occupancy_hook() -> Any:
         check(cuda.cuFuncGetAttribute(ctypes.byref(static), attr, handle), name)
         attr = _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
         check(cuda.cuFuncSetAttribute(handle, attr, optin.value - static.value), name)
+        attr, most = (
+            _CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+            _CU_SHAREDMEM_CARVEOUT_MAX_SHARED,
+        )
+        check(cuda.cuFuncSetAttribute(handle, attr, most), name)
         hook.functions.add(function)
 
     hook.functions = set()  # the CUfunction handles it configured (read by the tests)
