@@ -1492,6 +1492,12 @@ def main(argv: list[str] | None = None) -> int:
     _imports()
     global _SPLIT_QK
     _SPLIT_QK = args.split_qk
+    if args.split_qk and (args.smoke or not torch.cuda.is_available()):
+        # (before any worker starts; a CPU listing dry-runs on meta tensors, where they do not)
+        print(
+            "--split-qk forces the mma.sync Gluon kernels, which run on a GPU only", file=sys.stderr
+        )
+        return 2
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.jobs > 1 and not args.list:
@@ -1506,11 +1512,6 @@ def main(argv: list[str] | None = None) -> int:
             print("no CUDA device: run on the GPU, or use --smoke on CPU", file=sys.stderr)
             return 2
         device = torch.device("cuda", torch.cuda.current_device())
-    if args.split_qk and device.type != "cuda":
-        print(
-            "--split-qk forces the mma.sync Gluon kernels, which run on a GPU only", file=sys.stderr
-        )
-        return 2
     emu = None
     if args.suite == "emulate":
         sys.path.insert(0, HERE)
