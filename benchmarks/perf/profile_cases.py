@@ -7,8 +7,9 @@
 Each case runs once with the configuration the call would choose by default (or the one
 named) after a check against the reference; nothing else launches a kernel whose name starts with ``sparse_mla``.
 ``--arch``: that target's path by PTX JIT (its heuristics and code, as ``bench --arch``);
-``--target-smem``: with the target's shared memory per multiprocessor (``bench --target-smem``;
-Nsight Compute's "Shared Memory Configuration Size" and "Block Limit Shared Mem" show it).
+``--target-smem``: at the target's programs per multiprocessor (``bench --target-smem``: each
+launch's shared memory padded; Nsight Compute's "Dynamic Shared Memory Per Block" and "Block
+Limit Shared Mem" show it).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def main() -> None:
     ap.add_argument(
         "--target-smem",
         action="store_true",
-        help="with --arch: the target's shared memory per multiprocessor",
+        help="with --arch: the target's programs per multiprocessor (padded launches)",
     )
     ap.add_argument("names", nargs="*", help="substrings of the case names to run (default all)")
     args = ap.parse_args()

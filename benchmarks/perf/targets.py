@@ -191,7 +191,8 @@ def plan_runs(paths: list[str], native_cc: int | None) -> list[Run]:
 def path_context(path: KernelPath, device, target_smem: bool = False):
     """Natively, nothing; for an emulated path the PTX-JIT emulation, checked on ``device``
     (``ptx_jit.EmulationUnavailable`` with the reason where it cannot run here); with
-    ``target_smem`` every kernel gets the target's shared memory per multiprocessor."""
+    ``target_smem`` every launch is padded to the target's programs per multiprocessor
+    (ptx_jit.padded_shared)."""
     if path.cc is None:
         yield None
         return
@@ -486,8 +487,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--target-smem",
         action="store_true",
-        help="the emulated paths with their target's shared memory per multiprocessor (164 KB "
-        "sm80, 100 KB sm89), so that as many programs share one as on the target",
+        help="the emulated paths at their target's programs per multiprocessor (each launch's "
+        "shared memory padded to the target's 164 KB (sm80) or 100 KB (sm89), threads and "
+        "blocks: testing.ptx_jit.padded_shared)",
     )
     ap.add_argument("--list", action="store_true", help="print the runs and targets; no GPU")
     args = ap.parse_args(argv)

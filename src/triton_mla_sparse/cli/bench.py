@@ -262,8 +262,8 @@ def main(args: argparse.Namespace) -> int:
 
 def start_emulation(cc: int, device, target_smem: bool = False):
     """The sm<cc> PTX-JIT emulation, enabled and checked on ``device``; None (after saying
-    why on stderr) where this GPU cannot run that target's PTX. ``target_smem``: each kernel
-    gets the target's shared memory per multiprocessor (ptx_jit.enable)."""
+    why on stderr) where this GPU cannot run that target's PTX. ``target_smem``: each launch
+    is padded to the target's programs per multiprocessor (ptx_jit.padded_shared)."""
     import torch
 
     from ..ops.sparse_mla import launch
