@@ -196,22 +196,20 @@ def _occupancy_hook() -> Any:
     import ctypes
 
     cuda = ctypes.CDLL("libcuda.so.1")
+    optin = _device_attribute(
+        _CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, "shared memory per block"
+    )
 
     def check(err: int, what: str) -> None:
         if err != 0:
             raise RuntimeError(f"{what}: CUDA driver error {err}")
-
-    device, optin = ctypes.c_int(), ctypes.c_int()
-    check(cuda.cuCtxGetDevice(ctypes.byref(device)), "the current device")
-    attr = _CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
-    check(cuda.cuDeviceGetAttribute(ctypes.byref(optin), attr, device), "shared memory per block")
 
     def hook(module, function, name, *_):
         handle, static = ctypes.c_void_p(function), ctypes.c_int()
         attr = _CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES
         check(cuda.cuFuncGetAttribute(ctypes.byref(static), attr, handle), name)
         attr = _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-        check(cuda.cuFuncSetAttribute(handle, attr, optin.value - static.value), name)
+        check(cuda.cuFuncSetAttribute(handle, attr, optin - static.value), name)
         attr, most = (
             _CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
             _CU_SHAREDMEM_CARVEOUT_MAX_SHARED,
@@ -223,20 +221,26 @@ def _occupancy_hook() -> Any:
     return hook
 
 
-def host_smem_per_sm() -> int:
-    """Shared memory per multiprocessor of the current CUDA device, bytes."""
+def _device_attribute(attr: int, what: str) -> int:
+    """A CUdevice_attribute of the current CUDA context's device (through the driver API);
+    :class:`EmulationUnavailable` naming ``what`` where the driver refuses."""
     import ctypes
 
     cuda = ctypes.CDLL("libcuda.so.1")
-    device, smem = ctypes.c_int(), ctypes.c_int()
-    attr = _CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR
-    for err in (
-        cuda.cuCtxGetDevice(ctypes.byref(device)),
-        cuda.cuDeviceGetAttribute(ctypes.byref(smem), attr, device),
-    ):
-        if err != 0:
-            raise EmulationUnavailable(f"reading the GPU's shared memory: CUDA driver error {err}")
-    return smem.value
+    device, value = ctypes.c_int(), ctypes.c_int()
+    err = cuda.cuCtxGetDevice(ctypes.byref(device))
+    if err == 0:
+        err = cuda.cuDeviceGetAttribute(ctypes.byref(value), attr, device)
+    if err != 0:
+        raise EmulationUnavailable(f"reading the GPU's {what}: CUDA driver error {err}")
+    return value.value
+
+
+def host_smem_per_sm() -> int:
+    """Shared memory per multiprocessor of the current CUDA device, bytes."""
+    return _device_attribute(
+        _CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, "shared memory"
+    )
 
 
 def _ptx_facts(ptx: str) -> tuple[str | None, str]:
