@@ -1,16 +1,19 @@
-"""Rows in q's dtype on sm90 in Gluon (kv_format "auto", KernelConfig.gluon="pipelined";
-kernels/latent_sm90_gluon.py).
+"""Rows in q's dtype on sm90 in Gluon (kv_format "auto", KernelConfig.gluon="pipelined" and
+"specialized"; kernels/latent_sm90_gluon.py).
 
-Without a GPU: the plan refuses every call the kernel does not implement, and the kernel compiles
-for sm90 ahead of time under the installed Triton, within sm90's shared memory and without
-spills. On an H200 (sm90): every output against the float64 reference with poisoned outputs and
-NaN rows nothing points at, -1 runs, a token with no valid index, valid counts, a sink, splits,
-paged caches, NoPE.
+Without a GPU: the plan refuses every call the kernels do not implement, and they compile for
+sm90 ahead of time under the installed Triton, within sm90's shared memory (the warp-specialized
+one also without spills, read from ptxas). On an H200 (sm90): every output against the float64
+reference with poisoned outputs and NaN rows nothing points at, -1 runs, a token with no valid
+index, valid counts, a sink, splits (empty ones among them), odd and even step counts, paged
+caches, NoPE.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,10 +22,17 @@ from test_gluon_ampere import SCENARIO_ARGS, SCENARIOS, check_latent_rows
 
 from triton_mla_sparse import KernelConfig
 from triton_mla_sparse.ops.sparse_mla.heuristics import Arch
-from triton_mla_sparse.ops.sparse_mla.plan import LATENT_GLUON, make_plan
+from triton_mla_sparse.ops.sparse_mla.plan import (
+    LATENT_GLUON,
+    LATENT_GLUON_WS,
+    LATENT_GLUON_WS_WARPS,
+    make_plan,
+)
 
 SM90 = Arch("cuda", 90, 132)
 LATENT_PIPELINED = KernelConfig(64, 64, 8, 1, gluon="pipelined")
+LATENT_SPECIALIZED = KernelConfig(64, 64, LATENT_GLUON_WS_WARPS, 1, gluon="specialized")
+FORMS = {LATENT_GLUON: LATENT_PIPELINED, LATENT_GLUON_WS: LATENT_SPECIALIZED}
 SM90_SMEM = 232448  # bytes of shared memory a block may use on sm90
 
 
@@ -50,8 +60,9 @@ def _plan(
     )
 
 
-def test_plan_names_the_family():
-    assert _plan().family == LATENT_GLUON
+@pytest.mark.parametrize("family", FORMS)
+def test_plan_names_the_family(family):
+    assert _plan(config=FORMS[family]).family == family
 
 
 @pytest.mark.parametrize("tokens", [64, 128])
@@ -96,6 +107,21 @@ def test_plan_refuses_what_it_does_not_run(why, kw, word):
     assert word in str(e.value), why
 
 
+@pytest.mark.parametrize(
+    "why, kw, word",
+    [
+        ("eight warps", dict(num_warps=8), "num_warps"),
+        ("32-head tile", dict(block_h=32), "block_h"),
+        ("32-row steps", dict(block_n=32), "block_n"),
+    ],
+)
+def test_plan_refuses_other_specialized_tiles(why, kw, word):
+    """The warp-specialized kernel is one 64 x 64 tile: a warpgroup a partition, four warps."""
+    with pytest.raises(ValueError, match="gluon='specialized'") as e:
+        _plan(config=dataclasses.replace(LATENT_SPECIALIZED, **kw))
+    assert word in str(e.value), why
+
+
 def test_compiles_for_sm90(tmp_path):
     base = dict(
         arch="cuda:90",
@@ -120,12 +146,47 @@ def test_compiles_for_sm90(tmp_path):
         assert kernel["shared"] <= SM90_SMEM, (key, kernel)
 
 
+def test_specialized_compiles_for_sm90_without_spills(tmp_path):
+    """Both warpgroups' code fits the 255 registers eight warps leave a thread (the O half alone
+    takes 128): ptxas reports no spill. Its descriptors must not be hoisted out of the walk."""
+    codegen = str(Path(__file__).resolve().parents[1] / "benchmarks" / "codegen")
+    if codegen not in sys.path:
+        sys.path.insert(0, codegen)
+    import sass_stats  # ptxas -v through Triton's own ptxas, as at run time
+
+    base = dict(
+        arch="cuda:90",
+        dtype="bf16",
+        fmt="auto",
+        block_h=64,
+        block_n=64,
+        num_warps=LATENT_GLUON_WS_WARPS,
+        num_stages=1,
+        gluon="specialized",
+        has_bt=False,
+    )
+    jobs = {
+        "serving": dict(base, split=True, rope=64, has_counts=True, store_lse=True, sink=True),
+        "plain": dict(base, split=False, rope=64, has_counts=False, store_lse=False),
+        "nope": dict(base, split=False, rope=0, has_counts=True, store_lse=True),
+    }
+    asm = tmp_path / "asm"
+    results = compile_ahead(jobs, tmp_path, asm_dir=asm)
+    for key, res in results.items():
+        kernel = res["sparse_mla_latent_sm90_gluon_ws_kernel"]
+        assert "error" not in kernel, (key, kernel)
+        assert kernel["shared"] <= SM90_SMEM, (key, kernel)
+        info, _ = sass_stats.assemble(asm / f"{key}.1.ptx")
+        assert info["spill_stores"] == 0 and info["spill_loads"] == 0, (key, info)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_GPU, reason="Gluon kernels run on a GPU only")
 @pytest.mark.parametrize(SCENARIO_ARGS, SCENARIOS)
 @pytest.mark.parametrize("heads_x", [1, 2], ids=["h", "2h"])
-def test_matches_the_reference(tokens, heads, width, splits, page, rope, sink, heads_x):
+@pytest.mark.parametrize("family", FORMS)
+def test_matches_the_reference(tokens, heads, width, splits, page, rope, sink, heads_x, family):
     if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the wgmma kernel is sm90's")
-    cfg = dataclasses.replace(LATENT_PIPELINED, num_splits=splits)
+        pytest.skip("the wgmma kernels are sm90's")
+    cfg = dataclasses.replace(FORMS[family], num_splits=splits)
     check_latent_rows(cfg, tokens, heads * heads_x, width, page, rope, sink, torch.bfloat16)

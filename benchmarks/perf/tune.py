@@ -34,6 +34,7 @@ from triton_mla_sparse.ops.sparse_mla.heuristics import (
     num_splits_for,
     splits_qk,
 )
+from triton_mla_sparse.ops.sparse_mla.plan import LATENT_GLUON_WS_WARPS
 from triton_mla_sparse.testing import measure_ceilings
 from triton_mla_sparse.workloads import Case, deepseek_v4_case
 
@@ -190,8 +191,10 @@ def gluon_tiles(c: Case) -> list[KernelConfig]:
     two-slot ring, one wait per MMA chain), "specialized" (dequantizing warps feeding the MMA
     warps a ring of fp16 tiles); DeepSeek-V4's record in both forms (a ring of raw bytes
     dequantized in the MMA warps, or a ring of bf16 tiles from a dequantizing warpgroup; both
-    index sets); rows in q's dtype (kv_format "auto") in the wgmma kernel reading its ring. The
-    default (the heuristics' choice) is one of them where it runs Gluon."""
+    index sets); rows in q's dtype (kv_format "auto") in the wgmma kernel reading its ring, and
+    in the warp-specialized one (two warpgroups on alternate steps, each gathering its own rows
+    and multiplying half of O's columns). The default (the heuristics' choice) is one of them
+    where it runs Gluon."""
     arch = arch_of(torch.device("cuda"))
     width = c.topk + c.extra_topk
     base = triton_config(c, width, arch)
@@ -202,8 +205,18 @@ def gluon_tiles(c: Case) -> list[KernelConfig]:
             dataclasses.replace(base, gluon=form, num_stages=1, idx_ahead=False)
             for form in ("pipelined", "specialized")
         ]
-    if c.kv_format == "auto":  # rows in q's dtype: the wgmma kernel reading its ring
-        return [base, dataclasses.replace(base, gluon="pipelined", num_stages=1, idx_ahead=False)]
+    if c.kv_format == "auto":  # rows in q's dtype: the wgmma kernels reading their rings
+        return [
+            base,
+            dataclasses.replace(base, gluon="pipelined", num_stages=1, idx_ahead=False),
+            dataclasses.replace(
+                base,
+                gluon="specialized",
+                num_warps=LATENT_GLUON_WS_WARPS,
+                num_stages=1,
+                idx_ahead=False,
+            ),
+        ]
     if not base.fp16_fold:
         return []
     return [base] + [

@@ -95,8 +95,10 @@ class KernelConfig:
     # MMA warps consume; no block table, no extra set. The V4 record with bf16 MMAs
     # (kernels/ds_mla_v4_sm90_gluon.py): "pipelined" (one partition, cp.async ring) and
     # "specialized", both sets, block tables. Rows in bf16 (kv_format "auto";
-    # kernels/latent_sm90_gluon.py): "pipelined", the MMAs reading the cp.async ring, no block
-    # table, no extra set. fp8_ds_mla and rows in q's dtype on any NVIDIA
+    # kernels/latent_sm90_gluon.py): "pipelined", the MMAs reading the cp.async ring, and
+    # "specialized" (four warps, plan.LATENT_GLUON_WS_WARPS: each of two warpgroups takes
+    # alternate steps and half of O), no block table, no extra set. fp8_ds_mla and rows in q's
+    # dtype on any NVIDIA
     # GPU from sm80 (kernels/ampere_gluon.py): "ampere", the pipelined schedule with mma.sync,
     # tiles in multiples of 16 rows. None: the Triton kernel. The default where timed faster
     # (gluon_form_for).

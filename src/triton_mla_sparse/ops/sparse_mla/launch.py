@@ -26,6 +26,7 @@ from .plan import (
     LATENT,
     LATENT_AMPERE_GLUON,
     LATENT_GLUON,
+    LATENT_GLUON_WS,
     LaunchPlan,
     gluon_gathers_aligned,
 )
@@ -57,9 +58,13 @@ try:  # a Triton without Gluon's Hopper layer has no such kernel (plans asking f
 
     FORWARD[DS_MLA_AMPERE_GLUON] = sparse_mla_ds_mla_ampere_gluon_kernel
     FORWARD[LATENT_AMPERE_GLUON] = sparse_mla_latent_ampere_gluon_kernel
-    from .kernels.latent_sm90_gluon import sparse_mla_latent_sm90_gluon_kernel
+    from .kernels.latent_sm90_gluon import (
+        sparse_mla_latent_sm90_gluon_kernel,
+        sparse_mla_latent_sm90_gluon_ws_kernel,
+    )
 
     FORWARD[LATENT_GLUON] = sparse_mla_latent_sm90_gluon_kernel
+    FORWARD[LATENT_GLUON_WS] = sparse_mla_latent_sm90_gluon_ws_kernel
 except ImportError:  # pragma: no cover - depends on the installed Triton
     pass
 

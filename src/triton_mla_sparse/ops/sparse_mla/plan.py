@@ -45,8 +45,13 @@ DS_MLA_V4_GLUON = "ds_mla_v4_sm90_gluon"
 DS_MLA_AMPERE_GLUON = "ds_mla_ampere_gluon"
 LATENT_AMPERE_GLUON = "latent_ampere_gluon"
 AMPERE_FAMILIES = frozenset({DS_MLA_AMPERE_GLUON, LATENT_AMPERE_GLUON})
-# kv_format "auto"'s sm90 kernel in Gluon (wgmma; LATENT's arguments and constexprs)
+# kv_format "auto"'s sm90 kernels in Gluon (wgmma; LATENT's arguments and constexprs): the
+# pipelined one, and the warp-specialized one (two warpgroups on alternate steps)
 LATENT_GLUON = "latent_sm90_gluon"
+LATENT_GLUON_WS = "latent_sm90_gluon_ws"
+# the warps of a program of LATENT_GLUON_WS's (KernelConfig.num_warps: its first warpgroup; the
+# second is its worker partition)
+LATENT_GLUON_WS_WARPS = 4
 # the q / key width the Gluon kernels are written for (both records' 512-wide rows)
 GLUON_LATENT = 512
 # bytes the fp8_ds_mla Gluon kernels' 16-byte gathers need the cache's address and strides
@@ -60,6 +65,7 @@ GLUON_FAMILY = {
     ("fp8_ds_mla", "ampere"): DS_MLA_AMPERE_GLUON,
     ("auto", "ampere"): LATENT_AMPERE_GLUON,
     ("auto", "pipelined"): LATENT_GLUON,
+    ("auto", "specialized"): LATENT_GLUON_WS,
 }
 # the Gluon kernels whose cp.async gathers need 16-byte aligned caches (GLUON_ALIGN)
 GLUON_ASYNC_FAMILIES = frozenset(
@@ -70,6 +76,7 @@ GLUON_ASYNC_FAMILIES = frozenset(
         DS_MLA_AMPERE_GLUON,
         LATENT_AMPERE_GLUON,
         LATENT_GLUON,
+        LATENT_GLUON_WS,
     }
 )
 # the NVIDIA targets the mma.sync Gluon kernel compiles for (every one from sm80)
@@ -190,7 +197,7 @@ def _check_gluon(
         dtype=torch.bfloat16,
         block_h=64,
         block_n=64,
-        num_warps=8,
+        num_warps=LATENT_GLUON_WS_WARPS if family == LATENT_GLUON_WS else 8,
         fp8_native=True,
         latent=GLUON_LATENT,
         on_gpu=True,  # Triton's interpreter runs no Gluon kernel
@@ -208,7 +215,7 @@ def _check_gluon(
     if v4:  # the record's scales fold exactly into bf16 tiles; both sets, with block tables
         wanted["fp16_mma"], got["fp16_mma"] = False, cfg.fp16_mma
     else:  # fp8_ds_mla's tile with the fp16 fold; rows in q's dtype have nothing to fold
-        fold = family != LATENT_GLUON
+        fold = family not in (LATENT_GLUON, LATENT_GLUON_WS)
         wanted.update(fp16_fold=fold, block_table=False, extra_set=False)
         got.update(fp16_fold=cfg.fp16_fold, block_table=has_bt, extra_set=has_extra)
     bad = {k: v for k, v in got.items() if wanted[k] != v}
@@ -494,7 +501,7 @@ def make_plan(
         EXTRA_BT_SHIFT=_shift(extra.bt_block_size) if has_extra else -1,
         EXTRA_PAGE_SHIFT=_shift(extra_page_size) if has_extra else -1,
     )
-    if family in (LATENT, LATENT_AMPERE_GLUON, LATENT_GLUON):
+    if family in (LATENT, LATENT_AMPERE_GLUON, LATENT_GLUON, LATENT_GLUON_WS):
         constexprs = dict(
             common,
             E4M3=kv_format == "fp8",
