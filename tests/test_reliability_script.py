@@ -518,3 +518,32 @@ def test_split_qk_forces_the_split_where_the_tile_takes_it(monkeypatch):
         assert cfg.split_qk and (cfg.block_h, cfg.num_warps) == (16, 4)
         assert case.override(arch) == cfg
     assert not wide.config(arch).split_qk and wide.override(arch) is None
+
+
+def test_rows_ws_forces_the_specialized_kernel_where_its_tile_runs(monkeypatch):
+    """--rows-ws: every bf16-rows case on sm90 whose tile is the 64 x 64 one, flat or paged
+    without a block table, runs the warp-specialized wgmma kernel (passed as config=); a block
+    table, fp16 rows or a narrower tile keep the heuristics' configuration and config=None."""
+    rel = _reliability()
+    arch = rel.heuristics.Arch("cuda", 90, 132)
+    rows = rel.Kind("auto-bf16", torch.bfloat16, "auto")
+    rows16 = rel.Kind("auto-fp16", torch.float16, "auto")
+    taken = [
+        rel.Case(rows, t, 64, 2048, layout, True, True)
+        for t in (4, 128)
+        for layout in ("flat", "paged")
+    ]
+    kept = [
+        rel.Case(rows, 128, 64, 2048, "bt", True, True),
+        rel.Case(rows16, 128, 64, 2048, "flat", True, True),
+        rel.Case(rows, 128, 16, 2048, "flat", True, True),
+    ]
+    for case in taken + kept:
+        assert case.config(arch).gluon != "specialized" and case.override(arch) is None
+    monkeypatch.setattr(rel, "_ROWS_WS", True)
+    for case in taken:
+        cfg = case.config(arch)
+        assert (cfg.gluon, cfg.num_warps, cfg.block_h, cfg.block_n) == ("specialized", 4, 64, 64)
+        assert case.override(arch) == cfg
+    for case in kept:
+        assert case.config(arch).gluon != "specialized" and case.override(arch) is None

@@ -145,6 +145,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         "takes it, where the heuristics would not split: the split tiles on every shape",
     )
     p.add_argument(
+        "--rows-ws",
+        action="store_true",
+        help="rows in bf16 (kv_format auto) in sm90's warp-specialized wgmma kernel "
+        "(KernelConfig.gluon='specialized') in every case whose tile is its 64 x 64 one",
+    )
+    p.add_argument(
         "--fp8-q",
         choices=("bf16", "fp16", "fp32"),
         default="bf16",
@@ -225,7 +231,7 @@ def _imports() -> None:
     global torch, sparse_mla, sparse_mla_reference, physical_rows, heuristics, launch_mod
     global choose_config, split_len_for, config_label, pack_fp8_ds_mla, quantize_fp8, KernelConfig
     global kv_format_mod, compare_sparse_mla, reference_dtype, sparse_mla_tolerance
-    global splits_qk, SPLIT_QK_FORMATS
+    global splits_qk, SPLIT_QK_FORMATS, LATENT_GLUON_WS_WARPS
     import torch
 
     from triton_mla_sparse import kv_format as kv_format_mod
@@ -241,6 +247,7 @@ def _imports() -> None:
         splits_qk,
     )
     from triton_mla_sparse.ops.sparse_mla.interface import sparse_mla
+    from triton_mla_sparse.ops.sparse_mla.plan import LATENT_GLUON_WS_WARPS
     from triton_mla_sparse.reference import physical_rows, sparse_mla_reference
     from triton_mla_sparse.testing import (
         compare_sparse_mla,
@@ -255,6 +262,7 @@ def _imports() -> None:
 
 _CHOOSE_BT = False
 _SPLIT_QK = False  # --split-qk
+_ROWS_WS = False  # --rows-ws
 
 
 # ----------------------------------------------------------------------------------------------
@@ -333,7 +341,29 @@ class Case:
             cfg = dataclasses.replace(cfg, fp8_native=False)
         if _SPLIT_QK and self.forces_split(cfg):
             cfg = dataclasses.replace(cfg, split_qk=True)
+        if _ROWS_WS and self.forces_rows_ws(cfg, arch):
+            cfg = dataclasses.replace(
+                cfg,
+                gluon="specialized",
+                num_warps=LATENT_GLUON_WS_WARPS,
+                num_stages=1,
+                idx_ahead=False,
+            )
         return cfg
+
+    def forces_rows_ws(self, cfg: KernelConfig, arch) -> bool:
+        """--rows-ws: bf16 rows on sm90 in the 64 x 64 tile, the warp-specialized wgmma
+        kernel's, without a block table or an extra set (which it does not run)."""
+        return (
+            arch.backend == "cuda"
+            and int(arch.cc) == 90
+            and self.kind.kv_format == "auto"
+            and self.kind.dtype == torch.bfloat16
+            and self.kind.latent == 512
+            and (cfg.block_h, cfg.block_n) == (64, 64)
+            and not LAYOUTS[self.layout]["bs"]
+            and not self.XW
+        )
 
     def forces_split(self, cfg: KernelConfig) -> bool:
         """--split-qk: the heuristics' tile takes the split but they did not choose it."""
@@ -351,7 +381,8 @@ class Case:
         if self.kind.native is False:
             return self.config(arch)
         cfg = self.config(arch)
-        return cfg if _SPLIT_QK and cfg.split_qk else None
+        forced = (_SPLIT_QK and cfg.split_qk) or (_ROWS_WS and cfg.gluon == "specialized")
+        return cfg if forced else None
 
 
 def make_kinds(args: argparse.Namespace, arch) -> list[Kind]:
@@ -1466,6 +1497,8 @@ def _title(args: argparse.Namespace) -> str:
         t += " compile-only"
     if args.split_qk:
         t += " split-qk"
+    if args.rows_ws:
+        t += " rows-ws"
     return t
 
 
@@ -1490,14 +1523,18 @@ def main(argv: list[str] | None = None) -> int:
         return merge_logs(args.merge)
     _setup_env(args)
     _imports()
-    global _SPLIT_QK
+    global _SPLIT_QK, _ROWS_WS
     _SPLIT_QK = args.split_qk
-    if args.split_qk and (args.smoke or not torch.cuda.is_available()):
-        # (before any worker starts; a CPU listing dry-runs on meta tensors, where they do not)
-        print(
-            "--split-qk forces the mma.sync Gluon kernels, which run on a GPU only", file=sys.stderr
-        )
-        return 2
+    _ROWS_WS = args.rows_ws
+    for flag, on, what in (
+        ("--split-qk", args.split_qk, "the mma.sync Gluon kernels"),
+        ("--rows-ws", args.rows_ws, "sm90's warp-specialized Gluon kernel"),
+    ):
+        if on and (args.smoke or not torch.cuda.is_available()):
+            # (before any worker starts; a CPU listing dry-runs on meta tensors, where they
+            # do not)
+            print(f"{flag} forces {what}, which runs on a GPU only", file=sys.stderr)
+            return 2
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.jobs > 1 and not args.list:
