@@ -113,6 +113,7 @@ def test_plan_refuses_what_it_does_not_run(why, kw, word):
         ("eight warps", dict(num_warps=8), "num_warps"),
         ("32-head tile", dict(block_h=32), "block_h"),
         ("32-row steps", dict(block_n=32), "block_n"),
+        ("a register cap", dict(max_registers=168), "max_registers"),
     ],
 )
 def test_plan_refuses_other_specialized_tiles(why, kw, word):
@@ -178,6 +179,9 @@ def test_specialized_compiles_for_sm90_without_spills(tmp_path):
         assert kernel["shared"] <= SM90_SMEM, (key, kernel)
         info, _ = sass_stats.assemble(asm / f"{key}.1.ptx")
         assert info["spill_stores"] == 0 and info["spill_loads"] == 0, (key, info)
+        # the partitions' setmaxnreg.inc to 256 returns only if the launch already allocates
+        # 256 a thread (ptxas's count rounded up to a multiple of 8); with fewer it would hang
+        assert info["registers"] > 248, (key, info)
 
 
 @pytest.mark.gpu

@@ -297,8 +297,11 @@ def sparse_mla_latent_sm90_gluon_kernel(
 # by its P): warpgroup 0 the first, warpgroup 1 the second
 HALF_L = gl.constexpr(256)
 WS_WARPS = gl.constexpr(4)  # each partition is one warpgroup
-# registers a thread of warpgroup 1 (the worker partition) may hold: as many as warpgroup 0's (the
-# kernel's 8 warps allow 255 each); Triton 3.6 requires a figure, 3.8 takes one
+# registers a thread of warpgroup 1 (the worker partition) may hold: as many as warpgroup 0's. With
+# it Triton has every partition grow to 256 (setmaxnreg.inc), which returns at once only because
+# ptxas allocates the whole kernel 255 (rounded up to 256): were it to allocate fewer, the
+# requests would wait forever for registers no partition frees. tests/test_gluon_latent.py reads
+# the allocation. (Triton 3.6 requires a figure; the same call serves 3.8.)
 WS_REGS = gl.constexpr(256)
 
 
@@ -325,9 +328,9 @@ def _ws_gather_half(
 ):
     # cp.async of one half of rows [w0, w0 + BLOCK_N) of token i_t's list into a slot: HALF 0 the
     # latent columns [0, HALF_L), HALF 1 the columns [HALF_L, L) and the R rope values; masked
-    # rows zero-filled. One commit group. A warp covers 16 rows x 128 bytes, so that each thread
-    # holds four rows' offsets (the columns are immediates of its copies) and the rope tile
-    # shares them.
+    # rows zero-filled. One commit group. A warp covers 4 rows x 128 bytes (the warpgroup 16
+    # rows), so that each thread holds four rows' offsets (the columns are immediates of its
+    # copies) and the rope tile shares them.
     ROW_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WS_WARPS, 1], [1, 0])
     o_row, m_n = _rows(
         Idx,
@@ -614,9 +617,9 @@ def _ws_warpgroup(
         _BARRIER()
         # the other slot's half this warpgroup read (and, for warpgroup 1, slot 0's P) is free
         mbarrier.arrive(bars.index(HALF_FREE + OTHER))
-        # ... and the other warpgroup's PV is done with this slot's other half: refill it
-        mbarrier.wait(bars.index(HALF_FREE + WG), ph)
+        # ... and once the other warpgroup's PV is done with this slot's other half, refill it
         if j + 1 < n_pairs:
+            mbarrier.wait(bars.index(HALF_FREE + WG), ph)
             _ws_gather_half(
                 KV,
                 Idx,
@@ -779,7 +782,9 @@ def sparse_mla_latent_sm90_gluon_ws_kernel(
     q_s.index(0).store(b_q)
     o_rq = gl.arange(0, 64, layout=gl.SliceLayout(0, Q_LAYOUT))
     p_qr = Q_rope + i_t * stride_qrt + o_hq.to(gl.int64)[:, None] * stride_qrh
-    b_qr = gl.load(p_qr + o_rq[None, :] * stride_qrd, mask=m_hq[:, None] & (o_rq < R)[None, :])
+    b_qr = gl.load(
+        p_qr + o_rq[None, :] * stride_qrd, mask=m_hq[:, None] & (o_rq < R)[None, :], other=0.0
+    )
     qr_s = gl.allocate_shared_memory(dtype, [1, BLOCK_H, 64], MMA_SMEM)
     qr_s.index(0).store(b_qr)
 
