@@ -198,6 +198,16 @@ def gluon_tiles(c: Case) -> list[KernelConfig]:
     arch = arch_of(torch.device("cuda"))
     width = c.topk + c.extra_topk
     base = triton_config(c, width, arch)
+    if c.kv_format == "auto" and c.heads <= 16 and int(arch.cc) == 90:
+        # 8-16 heads: the heuristics' choice beside the warp-specialized kernel in its 64-head
+        # tile, the heads padded to 64 as vLLM pads them for FlashMLA (memory-bound: the
+        # padded MMAs cost less than the rows' bytes), at one and two programs per SM
+        default = choose_config(c.tokens, c.heads, width, c.dtype, c.kv_format, arch)
+        splits = num_splits_for(c.tokens, width, 64, arch.num_sms, 64)
+        ws = KernelConfig(64, 64, LATENT_GLUON_WS_WARPS, 1, gluon="specialized")
+        return [default] + [
+            dataclasses.replace(ws, num_splits=s) for s in sorted({splits, 2 * splits})
+        ]
     if not (base.block_h == 64 and base.block_n == 64):
         return []
     if c.kv_format == "fp8_ds_mla_v4":  # the record's warp-specialized kernel (bf16 fold)
@@ -506,10 +516,12 @@ SWEEPS = {
         + [deepseek_v4_case(t, 64) for t in (128, 64, 16)],
         gluon_tiles,
     ),
-    # bf16 rows on sm90: the Triton tile against the wgmma Gluon kernel reading its ring
+    # bf16 rows on sm90: the Triton tile against the wgmma Gluon kernels (and, at 8-16 heads,
+    # the heuristics' choice against the warp-specialized one in its padded 64-head tile)
     "gluon-bf16": (
         [Case(f"bf16 decode T={t} H={h}", t, h) for t in (128, 64, 16) for h in (64, 128)]
-        + [Case("bf16 prefill T=4096 H=64", 4096, 64, rows=65536)],
+        + [Case("bf16 prefill T=4096 H=64", 4096, 64, rows=65536)]
+        + [Case(f"bf16 decode T={t} H={h}", t, h) for t in (128, 64) for h in (16, 8)],
         gluon_tiles,
     ),
     # fp8_ds_mla and bf16 rows on the sm80 / sm89 paths (--arch) or this GPU: the Triton tile
