@@ -6,13 +6,17 @@ sm90 ahead of time under the installed Triton, within sm90's shared memory (the 
 one also without spills, read from ptxas). On an H200 (sm90): every output against the float64
 reference with poisoned outputs and NaN rows nothing points at, -1 runs, a token with no valid
 index, valid counts, a sink, splits (empty ones among them), odd and even step counts, paged
-caches, NoPE.
+caches, NoPE; the warp-specialized kernel only after one small call of it finished in a child
+process under a watchdog (a fault in its mbarrier protocol hangs rather than fails).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -184,13 +188,55 @@ def test_specialized_compiles_for_sm90_without_spills(tmp_path):
         assert info["registers"] > 248, (key, info)
 
 
+# seconds one small call of the warp-specialized kernel gets in a child process, its first
+# compile included, before it counts as hung
+WS_WATCHDOG_S = 240
+_WS_SMOKE = textwrap.dedent(
+    """
+    import torch
+    from triton_mla_sparse import KernelConfig, sparse_mla
+    cache = torch.randn(4096, 576, device="cuda").bfloat16()
+    idx = torch.randint(0, 4096, (3, 300), device="cuda", dtype=torch.int32)
+    q = torch.randn(3, 64, 576, device="cuda").bfloat16()
+    for splits in (1, 3):
+        cfg = KernelConfig(64, 64, 4, 1, num_splits=splits, gluon="specialized")
+        out = sparse_mla(q, cache, idx, 0.07, config=cfg)
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all()
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def ws_kernel_finishes():
+    """The warp-specialized kernel's warpgroups meet at mbarriers, so a fault in that protocol
+    hangs the GPU instead of failing a comparison: one small call runs first in a child process
+    under a watchdog, and a hang fails the tests that would launch the kernel in this one."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    try:
+        p = subprocess.run(
+            [sys.executable, "-c", _WS_SMOKE],
+            capture_output=True,
+            text=True,
+            timeout=WS_WATCHDOG_S,
+            env=env,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the warp-specialized kernel did not finish a small call in {WS_WATCHDOG_S} s")
+    assert p.returncode == 0, p.stderr[-3000:]
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_GPU, reason="Gluon kernels run on a GPU only")
 @pytest.mark.parametrize(SCENARIO_ARGS, SCENARIOS)
 @pytest.mark.parametrize("heads_x", [1, 2], ids=["h", "2h"])
 @pytest.mark.parametrize("family", FORMS)
-def test_matches_the_reference(tokens, heads, width, splits, page, rope, sink, heads_x, family):
+def test_matches_the_reference(
+    tokens, heads, width, splits, page, rope, sink, heads_x, family, request
+):
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma kernels are sm90's")
+    if family == LATENT_GLUON_WS:
+        request.getfixturevalue("ws_kernel_finishes")
     cfg = dataclasses.replace(FORMS[family], num_splits=splits)
     check_latent_rows(cfg, tokens, heads * heads_x, width, page, rope, sink, torch.bfloat16)
