@@ -127,24 +127,29 @@ def test_plan_refuses_other_specialized_tiles(why, kw, word):
     assert word in str(e.value), why
 
 
-def test_compiles_for_sm90(tmp_path):
+def _sm90_jobs(cfg: KernelConfig) -> dict:
+    """tests/aot_compile.py jobs for ``cfg``'s kernel on sm90: a serving call (splits, counts,
+    LSE, a sink), a plain one and one without rope."""
     base = dict(
         arch="cuda:90",
         dtype="bf16",
         fmt="auto",
-        block_h=64,
-        block_n=64,
-        num_warps=8,
-        num_stages=1,
-        gluon="pipelined",
+        block_h=cfg.block_h,
+        block_n=cfg.block_n,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+        gluon=cfg.gluon,
         has_bt=False,
     )
-    jobs = {
+    return {
         "serving": dict(base, split=True, rope=64, has_counts=True, store_lse=True, sink=True),
         "plain": dict(base, split=False, rope=64, has_counts=False, store_lse=False),
         "nope": dict(base, split=False, rope=0, has_counts=True, store_lse=True),
     }
-    results = compile_ahead(jobs, tmp_path)
+
+
+def test_compiles_for_sm90(tmp_path):
+    results = compile_ahead(_sm90_jobs(LATENT_PIPELINED), tmp_path)
     for key, res in results.items():
         kernel = res["sparse_mla_latent_sm90_gluon_kernel"]
         assert "error" not in kernel, (key, kernel)
@@ -159,24 +164,8 @@ def test_specialized_compiles_for_sm90_without_spills(tmp_path):
         sys.path.insert(0, codegen)
     import sass_stats  # ptxas -v through Triton's own ptxas, as at run time
 
-    base = dict(
-        arch="cuda:90",
-        dtype="bf16",
-        fmt="auto",
-        block_h=64,
-        block_n=64,
-        num_warps=LATENT_GLUON_WS_WARPS,
-        num_stages=1,
-        gluon="specialized",
-        has_bt=False,
-    )
-    jobs = {
-        "serving": dict(base, split=True, rope=64, has_counts=True, store_lse=True, sink=True),
-        "plain": dict(base, split=False, rope=64, has_counts=False, store_lse=False),
-        "nope": dict(base, split=False, rope=0, has_counts=True, store_lse=True),
-    }
     asm = tmp_path / "asm"
-    results = compile_ahead(jobs, tmp_path, asm_dir=asm)
+    results = compile_ahead(_sm90_jobs(LATENT_SPECIALIZED), tmp_path, asm_dir=asm)
     for key, res in results.items():
         kernel = res["sparse_mla_latent_sm90_gluon_ws_kernel"]
         assert "error" not in kernel, (key, kernel)
