@@ -184,6 +184,25 @@ def _reliability():
     return reliability
 
 
+def test_forced_gluon_tiles_only_where_the_plan_runs_gluon(monkeypatch):
+    """A case's configuration is the one the call gets: a latent the Gluon kernels are not built
+    for runs the Triton kernels (the plan turns Gluon off), so --split-qk and --rows-ws force
+    nothing there (forcing the split on it asked the plan for a kernel it refuses)."""
+    rel = _reliability()
+    arch = rel.heuristics.Arch("cuda", 90, 132)
+    monkeypatch.setattr(rel, "_SPLIT_QK", True)
+    monkeypatch.setattr(rel, "_ROWS_WS", True)
+    wide = rel.Kind("w", torch.bfloat16, "auto")
+    narrow = rel.Kind("n", torch.bfloat16, "auto", rope=16, latent=32)
+    # (T, H, W): a 16-head mma.sync tile (the split forced) and the 64 x 64 wgmma tile (the
+    # warp-specialized kernel forced), shapes of the sanitize suite's narrow-latent cases
+    for shape, forced in (((1, 1, 2048), "ampere"), ((128, 48, 1), "specialized")):
+        cfg = rel.Case(wide, *shape).config(arch)
+        assert cfg.gluon == forced and (cfg.split_qk or forced != "ampere"), shape
+        cfg = rel.Case(narrow, *shape).config(arch)
+        assert cfg.gluon is None and not cfg.split_qk, shape
+
+
 @pytest.mark.parametrize("layout", ["flat", "bt", "bt48"])
 def test_adversarial_inputs(layout):
     """The index content and poisoning each case gets, as docs/RELIABILITY.md describes them."""

@@ -231,7 +231,7 @@ def _imports() -> None:
     global torch, sparse_mla, sparse_mla_reference, physical_rows, heuristics, launch_mod
     global choose_config, split_len_for, config_label, pack_fp8_ds_mla, quantize_fp8, KernelConfig
     global kv_format_mod, compare_sparse_mla, reference_dtype, sparse_mla_tolerance
-    global splits_qk, SPLIT_QK_FORMATS, LATENT_GLUON_WS_WARPS
+    global splits_qk, SPLIT_QK_FORMATS, LATENT_GLUON_WS_WARPS, GLUON_LATENT
     import torch
 
     from triton_mla_sparse import kv_format as kv_format_mod
@@ -247,7 +247,7 @@ def _imports() -> None:
         splits_qk,
     )
     from triton_mla_sparse.ops.sparse_mla.interface import sparse_mla
-    from triton_mla_sparse.ops.sparse_mla.plan import LATENT_GLUON_WS_WARPS
+    from triton_mla_sparse.ops.sparse_mla.plan import GLUON_LATENT, LATENT_GLUON_WS_WARPS
     from triton_mla_sparse.reference import physical_rows, sparse_mla_reference
     from triton_mla_sparse.testing import (
         compare_sparse_mla,
@@ -325,7 +325,9 @@ class Case:
         """The heuristic's configuration (with the forced e4m3 decode where the kind says)."""
         kw = {"block_table": True} if LAYOUTS[self.layout]["bs"] and _CHOOSE_BT else {}
         # with an extra set the heuristic sees both sets as one list (plan.make_plan)
-        # a forced integer decode runs the Triton kernels (the Gluon ones convert in hardware)
+        # a forced integer decode runs the Triton kernels (the Gluon ones convert in hardware),
+        # and so does a latent other than the one the Gluon kernels are built for (as the plan
+        # decides: every cache here is 16-byte aligned)
         cfg = choose_config(
             self.T,
             self.H,
@@ -334,7 +336,7 @@ class Case:
             self.kind.kv_format,
             arch,
             extra_set=self.XW > 0,
-            gluon=self.kind.native is not False,
+            gluon=self.kind.native is not False and self.kind.latent == GLUON_LATENT,
             **kw,
         )
         if self.kind.native is False:
@@ -359,7 +361,7 @@ class Case:
             and int(arch.cc) == 90
             and self.kind.kv_format == "auto"
             and self.kind.dtype == torch.bfloat16
-            and self.kind.latent == 512
+            and self.kind.latent == GLUON_LATENT
             and (cfg.block_h, cfg.block_n) == (64, 64)
             and not LAYOUTS[self.layout]["bs"]
             and not self.XW
