@@ -566,3 +566,55 @@ def test_rows_ws_forces_the_specialized_kernel_where_its_tile_runs(monkeypatch):
         assert case.override(arch) == cfg
     for case in kept:
         assert case.config(arch).gluon != "specialized" and case.override(arch) is None
+
+
+SANITIZER_REPORT = """\
+========= COMPUTE-SANITIZER
+========= Program hit CUDA_ERROR_INVALID_VALUE (error 1) due to "invalid argument" on CUDA API call to cuFuncSetAttribute.
+=========     Saved host backtrace up to driver entry point at error
+========= Error: Potential RAW hazard detected at __shared__ 0x36820 in block (1,0,0) :
+=========     Write Thread (255,0,0) at ws_kernel+0x7350 in latent_sm90_gluon.py:520
+=========     Read Thread (256,0,0) at ws_kernel+0x100 in latent_sm90_gluon.py:498
+=========     Current Value : 0
+========= Error: Potential RAW hazard detected at __shared__ 0x36822 in block (1,0,0) :
+=========     Write Thread (254,0,0) at ws_kernel+0x7350 in latent_sm90_gluon.py:520
+=========     Read Thread (300,0,0) at ws_kernel+0x100 in latent_sm90_gluon.py:498
+=========     Current Value : 0
+========= Error: Race reported between Write access at ws_kernel+0x7350 in latent_sm90_gluon.py:530
+=========     and Read access at ws_kernel+0x200 in latent_sm90_gluon.py:660 [96 hazards]
+========= Invalid __global__ read of size 4 bytes
+=========     at other_kernel+0x1b0 in latent.py:120
+=========     by thread (0,0,0) in block (0,0,0)
+========= RACECHECK SUMMARY: 3 hazards displayed (7205 errors, 0 warnings)
+========= ERROR SUMMARY: 2 errors
+"""
+
+
+def test_findings_groups_a_report_by_source_line(tmp_path):
+    """findings.py (which sanitize.sh runs over its shards' reports) names each finding's kind and
+    source lines with its count: racecheck's hazard and analysis forms, a memcheck error, and the
+    loader's API error, apart; the summaries' totals beside them."""
+    if BENCH not in sys.path:
+        sys.path.insert(0, BENCH)
+    import findings
+
+    found, sums = findings.findings(SANITIZER_REPORT)
+    assert found == {
+        "racecheck RAW: write ws_kernel latent_sm90_gluon.py:520 / "
+        "read ws_kernel latent_sm90_gluon.py:498": 2,
+        "racecheck race: write ws_kernel latent_sm90_gluon.py:530 / "
+        "read ws_kernel latent_sm90_gluon.py:660": 96,
+        "memcheck: Invalid __global__ read of size 4 bytes at other_kernel latent.py:120": 1,
+        "API error: cuFuncSetAttribute CUDA_ERROR_INVALID_VALUE": 1,
+    }
+    assert sums == {"racecheck": 7205, "error": 2}
+    (tmp_path / "a.sanitizer.txt").write_text(SANITIZER_REPORT)
+    (tmp_path / "b.sanitizer.txt").write_text("========= ERROR SUMMARY: 0 errors\n")
+    p = subprocess.run(
+        [sys.executable, os.path.join(BENCH, "findings.py"), *sorted(map(str, tmp_path.iterdir()))],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "findings in 2 report(s)" in p.stdout
+    assert re.search(r"^\s+96\s+1\s+racecheck race: write ws_kernel", p.stdout, re.M), p.stdout

@@ -8,11 +8,13 @@
 # 1. compiles every selected variant without the sanitizer (COMPILE_JOBS processes, default 16)
 #    into TRITON_CACHE_DIR (default /tmp/triton-reliability-cache), so the sanitized runs only load;
 # 2. runs SHARDS (default 8) sanitized processes side by side, each on every SHARDS-th case;
-# 3. prints each shard's sanitizer summary and the combined table of checks.
+# 3. prints each shard's sanitizer summary, the findings grouped by source line (findings.py)
+#    and the combined table of checks.
 # ARGS go to reliability.py (e.g. --only fp8 --max-cases 100). Logs in DIR (default
 # ./out/sanitize-<tool>): compile.txt, <tool>-<k>.txt (cases), <tool>-<k>.sanitizer.txt (the
 # tool's report), <tool>-<k>.json. Exit status 0 only if every shard exits 0 (9: the tool found
 # errors; 1: a check failed). A PYTHONPATH set by the caller is kept (e.g. another Triton first).
+# PRINT_LIMIT (default 50): the errors each shard's report prints in full.
 set -u
 TOOL=${1:?usage: sanitize.sh memcheck|racecheck|initcheck|synccheck [SHARDS] [--out DIR] [ARGS...]}
 shift
@@ -70,7 +72,7 @@ echo "== $TOOL: $SHARDS shards"
 pids=()
 for k in $(seq 0 $((SHARDS - 1))); do
   # shellcheck disable=SC2086
-  "$SAN" "${FLAGS[@]}" $FILTER --error-exitcode 9 --print-limit 50 \
+  "$SAN" "${FLAGS[@]}" $FILTER --error-exitcode 9 --print-limit "${PRINT_LIMIT:-50}" \
     --log-file "$LOGS/$TOOL-$k.sanitizer.txt" \
     "$PY" "$SCRIPT" --suite sanitize --shard "$k/$SHARDS" \
     --log "$LOGS/$TOOL-$k.json" ${ARGS[@]+"${ARGS[@]}"} > "$LOGS/$TOOL-$k.txt" 2>&1 &
@@ -84,6 +86,7 @@ for k in $(seq 0 $((SHARDS - 1))); do
   summary=$(grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" "$LOGS/$TOOL-$k.sanitizer.txt" 2>/dev/null | tr '\n' ' ')
   echo "shard $k: exit $r after $(( $(date +%s) - t1 ))s; ${summary:-no sanitizer summary}; $(grep -h '^RESULT' "$LOGS/$TOOL-$k.txt")"
 done
+"$PY" benchmarks/reliability/findings.py "$LOGS"/"$TOOL"-*.sanitizer.txt
 "$PY" "$SCRIPT" --merge "$LOGS"/"$TOOL"-*.json || rc=1
 echo "$TOOL: $SHARDS shards in $(( $(date +%s) - t1 ))s (compile $(( t1 - t0 ))s); exit $rc"
 exit $rc
