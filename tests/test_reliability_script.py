@@ -582,18 +582,26 @@ SANITIZER_REPORT = """\
 =========     Current Value : 0
 ========= Error: Race reported between Write access at ws_kernel+0x7350 in latent_sm90_gluon.py:530
 =========     and Read access at ws_kernel+0x200 in latent_sm90_gluon.py:660 [96 hazards]
+========= Warning: Potential WAR hazard detected at __shared__ 0x10 in block (0,0,0) :
+=========     Read Thread (3,0,0) at ws_kernel+0x40
+=========     Write Thread (130,0,0) at ws_kernel+0x90
 ========= Invalid __global__ read of size 4 bytes
 =========     at other_kernel+0x1b0 in latent.py:120
 =========     by thread (0,0,0) in block (0,0,0)
-========= RACECHECK SUMMARY: 3 hazards displayed (7205 errors, 0 warnings)
-========= ERROR SUMMARY: 2 errors
+========= Uninitialized __global__ memory read of size 2 bytes
+=========     at ws_kernel+0x300 in latent_sm90_gluon.py:700
+========= RACECHECK SUMMARY: 4 hazards displayed (7205 errors, 1 warnings)
+========= ERROR SUMMARY: 3 errors
+========= ERROR SUMMARY: 1 error was not printed. Use --print-limit option to adjust
 """
 
 
 def test_findings_groups_a_report_by_source_line(tmp_path):
     """findings.py (which sanitize.sh runs over its shards' reports) names each finding's kind and
-    source lines with its count: racecheck's hazard and analysis forms, a memcheck error, and the
-    loader's API error, apart; the summaries' totals beside them."""
+    source lines with its count: racecheck's hazard (error and warning) and analysis forms, a
+    memcheck and an initcheck error, the loader's API error apart, a site without line
+    information by its kernel offset; the summaries' totals beside them, the line after a full
+    report not counted twice."""
     if BENCH not in sys.path:
         sys.path.insert(0, BENCH)
     import findings
@@ -604,10 +612,12 @@ def test_findings_groups_a_report_by_source_line(tmp_path):
         "read ws_kernel latent_sm90_gluon.py:498": 2,
         "racecheck race: write ws_kernel latent_sm90_gluon.py:530 / "
         "read ws_kernel latent_sm90_gluon.py:660": 96,
-        "memcheck: Invalid __global__ read of size 4 bytes at other_kernel latent.py:120": 1,
+        "racecheck WAR: read ws_kernel+0x40 / write ws_kernel+0x90": 1,
+        "Invalid __global__ read of size 4 bytes at other_kernel latent.py:120": 1,
+        "Uninitialized __global__ memory read of size 2 bytes at ws_kernel latent_sm90_gluon.py:700": 1,
         "API error: cuFuncSetAttribute CUDA_ERROR_INVALID_VALUE": 1,
     }
-    assert sums == {"racecheck": 7205, "error": 2}
+    assert sums == {"racecheck": 7205, "error": 3}
     (tmp_path / "a.sanitizer.txt").write_text(SANITIZER_REPORT)
     (tmp_path / "b.sanitizer.txt").write_text("========= ERROR SUMMARY: 0 errors\n")
     p = subprocess.run(

@@ -4,12 +4,14 @@
 
 sanitize.sh runs it over its shards' reports (``<tool>-<k>.sanitizer.txt``) so that a run's
 output names the source lines behind its error counts, not only the counts: a racecheck hazard
-as its kind and the two accesses' kernel and ``file:line`` (hazard reports: "Write Thread ... at
-kernel+0x.. in file:line"; analysis reports: "Race reported between Write access at .. in
-file:line ... and Read access at .. in file:line [N hazards]"), a memcheck error as its first
-line and the kernel and line it names, and a failed CUDA API call as its call and error (Triton
-3.8's loader probing ``cuFuncSetAttribute`` is one per kernel load, see docs/RELIABILITY.md).
-The report's own summaries are summed per tool. Lines it does not recognise are ignored.
+(error or warning) as its kind and the two accesses' kernel and ``file:line`` (hazard reports:
+"Write Thread ... at kernel+0x.. in file:line"; analysis reports: "Race reported between Write
+access at .. in file:line ... and Read access at .. in file:line [N hazards]"); a memcheck
+access error, an initcheck uninitialised read or a synccheck barrier error as its first line
+and the kernel and line it names (the kernel and offset where the binary has no line
+information); a failed CUDA API call as its call and error (Triton 3.8's loader probing
+``cuFuncSetAttribute`` is one per kernel load, see docs/RELIABILITY.md). The reports' own
+summaries are summed per tool. Lines it does not recognise are ignored.
 """
 
 from __future__ import annotations
@@ -21,21 +23,37 @@ from collections import Counter
 from pathlib import Path
 
 PREFIX = re.compile(r"^=+\s?")
-# "at sparse_mla_kernel+0x7350 in ds_mla_sm90_gluon.py:623" (the kernel may be missing)
+# "at sparse_mla_kernel+0x7350 in ds_mla_sm90_gluon.py:623" (the kernel may be missing; without
+# line information the site is the kernel and offset alone)
 SITE = re.compile(r"at (?:(?P<kernel>[\w.$]+)\+0x[0-9a-f]+ )?in (?P<loc>\S+?:\d+)")
-HAZARD = re.compile(r"Error: Potential (?P<kind>\w+) hazard detected at __shared__")
+PC = re.compile(r"at (?P<pc>[\w.$]+\+0x[0-9a-f]+)")
+# racecheck reports hazards as errors or, where it judges them benign, warnings
+HAZARD = re.compile(
+    r"(?:Error|Warning)[^:]*: Potential (?P<kind>\w+) hazard detected at __shared__"
+)
 THREAD = re.compile(r"^\s*(?P<access>Write|Read) Thread ")
 RACE = re.compile(r"Race reported between (?P<first>\w+) access")
 RACE_END = re.compile(r"and (?P<second>\w+) access .*\[(?P<n>\d+) hazards?\]")
 API = re.compile(r"Program hit (?P<err>\w+) .* on CUDA API call to (?P<call>\w+)")
-MEM = re.compile(r"^(?P<what>Invalid __\w+__ (?:read|write|atomic)[^\n]*?)\s*$")
-SUMMARY = re.compile(r"(?P<tool>ERROR|RACECHECK) SUMMARY: .*?(?P<n>\d+) errors?")
+# memcheck's access errors, initcheck's uninitialised reads, synccheck's barrier errors: the
+# first line of each (its site on one of the next lines)
+ACCESS = re.compile(
+    r"^(?P<what>(?:Invalid __\w+__ (?:read|write|atomic)|Uninitialized __\w+__ memory read"
+    r"|Barrier error)[^\n]*?)\s*$"
+)
+# "ERROR SUMMARY: 2 errors", "RACECHECK SUMMARY: 50 hazards displayed (7205 errors, 0
+# warnings)"; not the line that follows a full report ("ERROR SUMMARY: 207 errors were not
+# printed"), which the first already counts
+SUMMARY = re.compile(
+    r"(?P<tool>ERROR|RACECHECK) SUMMARY: (?:\d+ hazards displayed \()?(?P<n>\d+) errors?(?! (?:were|was) not)"
+)
 
 
 def _site(line: str) -> str:
     m = SITE.search(line)
     if not m:
-        return "?"
+        pc = PC.search(line)
+        return pc["pc"] if pc else "?"
     return f"{m['kernel']} {m['loc']}" if m["kernel"] else m["loc"]
 
 
@@ -72,10 +90,10 @@ def findings(text: str) -> tuple[Counter, Counter]:
                 continue
         if m := API.search(line):
             found[f"API error: {m['call']} {m['err']}"] += 1
-        elif m := MEM.match(line):
+        elif m := ACCESS.match(line):
             # the access's site is on one of the next lines
-            site = next((_site(x) for x in lines[i + 1 : i + 4] if SITE.search(x)), "?")
-            found[f"memcheck: {m['what']} at {site}"] += 1
+            site = next((_site(x) for x in lines[i + 1 : i + 4] if PC.search(x)), "?")
+            found[f"{m['what']} at {site}"] += 1
         if m := SUMMARY.search(line):
             summaries[m["tool"].lower()] += int(m["n"])
         i += 1
@@ -101,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{n:7d} {per_file[key]:4d}  {key}")
     for tool, n in sorted(sums.items()):
         print(f"   {tool} summaries: {n} errors in all (the reports print at most --print-limit)")
+    if sum(sums.values()) and not total:
+        print("   (none of the summaries' errors is of a kind listed above: read the reports)")
     return 0
 
 

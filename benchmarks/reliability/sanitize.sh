@@ -69,6 +69,7 @@ tail -2 "$LOGS/compile.txt"
 echo "compiled in $(( $(date +%s) - t0 ))s"
 t1=$(date +%s)
 echo "== $TOOL: $SHARDS shards"
+rm -f "$LOGS/$TOOL"-*.txt "$LOGS/$TOOL"-*.json  # an earlier run's shards, in the same DIR
 pids=()
 for k in $(seq 0 $((SHARDS - 1))); do
   # shellcheck disable=SC2086
@@ -86,7 +87,8 @@ for k in $(seq 0 $((SHARDS - 1))); do
   summary=$(grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" "$LOGS/$TOOL-$k.sanitizer.txt" 2>/dev/null | tr '\n' ' ')
   echo "shard $k: exit $r after $(( $(date +%s) - t1 ))s; ${summary:-no sanitizer summary}; $(grep -h '^RESULT' "$LOGS/$TOOL-$k.txt")"
 done
-"$PY" benchmarks/reliability/findings.py "$LOGS"/"$TOOL"-*.sanitizer.txt
+reports=("$LOGS/$TOOL"-*.sanitizer.txt)
+[ -e "${reports[0]}" ] && "$PY" benchmarks/reliability/findings.py "${reports[@]}"
 "$PY" "$SCRIPT" --merge "$LOGS"/"$TOOL"-*.json || rc=1
 echo "$TOOL: $SHARDS shards in $(( $(date +%s) - t1 ))s (compile $(( t1 - t0 ))s); exit $rc"
 exit $rc
