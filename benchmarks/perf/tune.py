@@ -516,11 +516,15 @@ SWEEPS = {
         + [deepseek_v4_case(t, 64) for t in (128, 64, 16)],
         gluon_tiles,
     ),
-    # bf16 rows on sm90: the Triton tile against the wgmma Gluon kernels (and, at 8-16 heads,
-    # the heuristics' choice against the warp-specialized one in its padded 64-head tile)
+    # bf16 rows on sm90: the Triton tile against the wgmma Gluon kernels, decode and prefill
+    # (1024-4096 tokens at 64-128 heads); at 8-16 heads the heuristics' choice against the
+    # warp-specialized one in its padded 64-head tile
     "gluon-bf16": (
         [Case(f"bf16 decode T={t} H={h}", t, h) for t in (128, 64, 16) for h in (64, 128)]
-        + [Case("bf16 prefill T=4096 H=64", 4096, 64, rows=65536)]
+        + [
+            Case(f"bf16 prefill T={t} H={h}", t, h, rows=65536)
+            for t, h in ((4096, 64), (4096, 128), (1024, 64))
+        ]
         + [Case(f"bf16 decode T={t} H={h}", t, h) for t in (128, 64) for h in (16, 8)],
         gluon_tiles,
     ),
