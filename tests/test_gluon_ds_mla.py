@@ -1,4 +1,5 @@
-"""fp8_ds_mla's sm90 kernel in Gluon (KernelConfig.gluon; kernels/ds_mla_sm90_gluon.py).
+"""fp8_ds_mla's sm90 kernels in Gluon (KernelConfig.gluon; kernels/ds_mla_sm90_gluon.py,
+ds_mla_sm90_gluon_alt.py).
 
 Without a GPU: the plan refuses every call the kernel does not implement, and the kernel compiles
 for sm90 ahead of time under the installed Triton (tests/aot_compile.py, as tests/test_compile.py
@@ -10,6 +11,11 @@ token with no valid index, valid counts, a sink, splits, paged caches, NoPE.
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,6 +27,7 @@ from triton_mla_sparse.ops.sparse_mla import heuristics
 from triton_mla_sparse.ops.sparse_mla.heuristics import Arch, choose_config
 from triton_mla_sparse.ops.sparse_mla.plan import (
     DS_MLA_GLUON,
+    DS_MLA_GLUON_ALT,
     DS_MLA_GLUON_WS,
     DS_MLA_V4_GLUON,
     DS_MLA_V4_GLUON_WS,
@@ -32,8 +39,18 @@ from triton_mla_sparse.workloads import deepseek_v4_case, make_inputs
 
 SM90 = Arch("cuda", 90, 132)
 GLUON = KernelConfig(64, 64, 8, 1, stage_dequant=True, fp16_fold=True, gluon="pipelined")
-# the sm90 forms of each record's Gluon kernel
+# the sm90 forms of each record's Gluon kernel, and fp8_ds_mla's in the tile each runs
 FORMS = tuple(f for fmt, f in sorted(GLUON_FAMILY) if fmt == "fp8_ds_mla" and f != "ampere")
+FORM_CONFIG = {f: dataclasses.replace(GLUON, gluon=f) for f in FORMS}
+FORM_CONFIG["alternating"] = dataclasses.replace(
+    GLUON, block_n=32, num_warps=4, gluon="alternating"
+)
+# each form's kernel (kernels/ds_mla_sm90_gluon*.py)
+FORM_KERNEL = {
+    "pipelined": "sparse_mla_ds_mla_sm90_gluon_kernel",
+    "specialized": "sparse_mla_ds_mla_sm90_gluon_ws_kernel",
+    "alternating": "sparse_mla_ds_mla_sm90_gluon_alt_kernel",
+}
 V4_FORMS = tuple(f for fmt, f in sorted(GLUON_FAMILY) if fmt == "fp8_ds_mla_v4")
 SM90_SMEM = 232448  # bytes of shared memory a block may use on sm90
 
@@ -62,6 +79,7 @@ V4_GLUON = KernelConfig(64, 64, 8, 1, stage_dequant=True, gluon="specialized")
 def test_plan_names_the_gluon_family():
     assert _plan().family == DS_MLA_GLUON
     assert _plan(config=dataclasses.replace(GLUON, gluon="specialized")).family == DS_MLA_GLUON_WS
+    assert _plan(config=FORM_CONFIG["alternating"]).family == DS_MLA_GLUON_ALT
     v4 = _plan(fmt="fp8_ds_mla_v4", config=V4_GLUON, block_size=64, extra_width=512)
     assert v4.family == DS_MLA_V4_GLUON_WS  # both sets, through block tables too
     v4_pipelined = dataclasses.replace(V4_GLUON, gluon="pipelined")
@@ -84,6 +102,21 @@ def test_plan_names_the_gluon_family():
         ),
         ("sm80", dict(arch=Arch("cuda", 80, 108)), "target"),
         ("32-row steps", dict(config=dataclasses.replace(GLUON, block_n=32)), "block_n"),
+        (
+            "alternating, 64-row steps",
+            dict(config=dataclasses.replace(FORM_CONFIG["alternating"], block_n=64)),
+            "block_n",
+        ),
+        (
+            "alternating, eight warps",
+            dict(config=dataclasses.replace(FORM_CONFIG["alternating"], num_warps=8)),
+            "num_warps",
+        ),
+        (
+            "alternating, register cap",
+            dict(config=dataclasses.replace(FORM_CONFIG["alternating"], max_registers=128)),
+            "max_registers",
+        ),
         ("exact fp16", dict(config=dataclasses.replace(GLUON, fp16_fold=False)), "fp16_fold"),
         ("block table", dict(block_size=64), "block_table"),
         ("extra set", dict(extra_width=128), "extra_set"),
@@ -158,7 +191,8 @@ def test_gluon_kernel_compiles_for_sm90(tmp_path):
     )
     jobs = {}
     for form in FORMS:
-        b = dict(base, gluon=form)
+        cfg = FORM_CONFIG[form]
+        b = dict(base, gluon=form, block_n=cfg.block_n, num_warps=cfg.num_warps)
         jobs[f"{form}-plain"] = dict(
             b, split=False, rope=64, has_counts=False, has_bt=False, store_lse=False
         )
@@ -177,12 +211,91 @@ def test_gluon_kernel_compiles_for_sm90(tmp_path):
         jobs[f"v4-{v4_form}-plain"] = dict(v4f, split=False, sink=False, has_counts=False)
     results = compile_ahead(jobs, tmp_path)
     for key, res in results.items():
-        family = "ds_mla_v4" if key.startswith("v4") else "ds_mla"
-        form = "ws_kernel" if "specialized" in key else "kernel"
-        name = f"sparse_mla_{family}_sm90_gluon_{form}"
+        if key.startswith("v4"):
+            form = "ws_kernel" if "specialized" in key else "kernel"
+            name = f"sparse_mla_ds_mla_v4_sm90_gluon_{form}"
+        else:
+            name = FORM_KERNEL[key.split("-")[0]]
         kernel = res[name]
         assert "error" not in kernel, (key, kernel)
         assert kernel["shared"] <= SM90_SMEM, (key, kernel)
+
+
+def test_alternating_kernel_fits_its_registers(tmp_path):
+    """Both warpgroups of the alternating kernel fit the 255 registers eight warps leave a
+    thread (the O half alone takes 128) without a spill, and the launch allocates 256: its
+    partitions' setmaxnreg.inc to 256 returns only then (with fewer it would hang)."""
+    codegen = str(Path(__file__).resolve().parents[1] / "benchmarks" / "codegen")
+    if codegen not in sys.path:
+        sys.path.insert(0, codegen)
+    import sass_stats  # ptxas -v through Triton's own ptxas, as at run time
+
+    cfg = FORM_CONFIG["alternating"]
+    base = dict(
+        arch="cuda:90",
+        dtype="bf16",
+        fmt="fp8_ds_mla",
+        block_h=cfg.block_h,
+        block_n=cfg.block_n,
+        num_warps=cfg.num_warps,
+        num_stages=1,
+        stage_dequant=True,
+        fp16_mma=True,
+        fp16_fold=True,
+        gluon="alternating",
+        has_bt=False,
+    )
+    jobs = {
+        "serving": dict(base, split=True, rope=64, has_counts=True, store_lse=True, sink=True),
+        "nope": dict(base, split=False, rope=0, has_counts=True, store_lse=True),
+    }
+    asm = tmp_path / "asm"
+    for key, res in compile_ahead(jobs, tmp_path, asm_dir=asm).items():
+        assert "error" not in res[FORM_KERNEL["alternating"]], (key, res)
+        info, _ = sass_stats.assemble(asm / f"{key}.1.ptx")
+        assert info["spill_stores"] == 0 and info["spill_loads"] == 0, (key, info)
+        assert info["registers"] > 248, (key, info)
+
+
+# seconds one small call of the alternating kernel gets in a child process, its first compile
+# included, before it counts as hung
+ALT_WATCHDOG_S = 180
+_ALT_SMOKE = textwrap.dedent(
+    """
+    import torch
+    from triton_mla_sparse import KernelConfig, pack_fp8_ds_mla, sparse_mla
+    cache = pack_fp8_ds_mla(torch.randn(4096, 576)).cuda()
+    idx = torch.randint(0, 4096, (3, 300), device="cuda", dtype=torch.int32)
+    q = torch.randn(3, 64, 576, device="cuda").bfloat16()
+    for splits in (1, 3):
+        cfg = KernelConfig(
+            64, 32, 4, 1, num_splits=splits, stage_dequant=True, fp16_fold=True,
+            gluon="alternating",
+        )
+        out = sparse_mla(q, cache, idx, 0.07, kv_format="fp8_ds_mla", config=cfg)
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all()
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def alt_kernel_finishes():
+    """The alternating kernel's warpgroups meet at mbarriers, so a fault in that protocol hangs
+    the GPU instead of failing a comparison: one small call runs first in a child process under
+    a watchdog, and a hang fails the tests that would launch the kernel in this one."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    try:
+        p = subprocess.run(
+            [sys.executable, "-c", _ALT_SMOKE],
+            capture_output=True,
+            text=True,
+            timeout=ALT_WATCHDOG_S,
+            env=env,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the alternating kernel did not finish a small call in {ALT_WATCHDOG_S} s")
+    assert p.returncode == 0, p.stderr[-3000:]
 
 
 def _cache(rows: int, page: int, g: torch.Generator) -> torch.Tensor:
@@ -201,9 +314,11 @@ def _cache(rows: int, page: int, g: torch.Generator) -> torch.Tensor:
 @pytest.mark.parametrize("page", [1, 64, 48])
 @pytest.mark.parametrize("rope", [64, 0])
 @pytest.mark.parametrize("sink", [False, True])
-def test_gluon_matches_the_reference(form, tokens, heads, width, splits, page, rope, sink):
+def test_gluon_matches_the_reference(form, tokens, heads, width, splits, page, rope, sink, request):
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Gluon kernel is sm90's")
+    if form == "alternating":
+        request.getfixturevalue("alt_kernel_finishes")
     g = torch.Generator().manual_seed(tokens * 7 + page + rope + sink)
     rows = 48 * 64
     cache = _cache(rows, page, g).to(DEVICE)
@@ -223,7 +338,7 @@ def test_gluon_matches_the_reference(form, tokens, heads, width, splits, page, r
         q, cache, idx, 0.07, return_lse=True, compute_dtype=torch.float64, **kw
     )
     poison_unused_rows_(cache, idx, **kw)
-    cfg = dataclasses.replace(GLUON, num_splits=splits, gluon=form)
+    cfg = dataclasses.replace(FORM_CONFIG[form], num_splits=splits)
     out = poison_(torch.empty(tokens, heads, 512, dtype=torch.bfloat16, device=DEVICE))
     _, lse = sparse_mla(q, cache, idx, 0.07, return_lse=True, out=out, config=cfg, **kw)
     assert_matches(out, lse, ref, ref_lse, torch.bfloat16)
@@ -274,7 +389,7 @@ def test_gluon_kernel_takes_the_launchers_arguments():
     from triton_mla_sparse.ops.sparse_mla import launch
 
     triton_runtime, _ = kernel_params(launch.FORWARD["ds_mla"])
-    plans = [_plan(config=dataclasses.replace(GLUON, gluon=form)) for form in FORMS]
+    plans = [_plan(config=FORM_CONFIG[form]) for form in FORMS]
     plans.append(_plan(fmt="fp8_ds_mla_v4", config=V4_GLUON))
     plans.append(
         _plan(fmt="fp8_ds_mla_v4", config=dataclasses.replace(V4_GLUON, gluon="pipelined"))

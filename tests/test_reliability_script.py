@@ -568,6 +568,36 @@ def test_rows_ws_forces_the_specialized_kernel_where_its_tile_runs(monkeypatch):
         assert case.config(arch).gluon != "specialized" and case.override(arch) is None
 
 
+def test_ds_alt_forces_the_alternating_kernel_where_a_gluon_tile_runs(monkeypatch):
+    """--ds-alt: every fp8_ds_mla case on sm90 the heuristics give a 64 x 64 Gluon tile (bf16 q,
+    flat or paged without a block table) runs the alternating kernel in its 64 x 32 tile
+    (passed as config=); a block table, fp16 q or 16 heads keep the heuristics' configuration
+    and config=None."""
+    rel = _reliability()
+    arch = rel.heuristics.Arch("cuda", 90, 132)
+    ds = rel.Kind("dsmla-bf16", torch.bfloat16, "fp8_ds_mla")
+    ds16 = rel.Kind("dsmla-fp16", torch.float16, "fp8_ds_mla")
+    taken = [
+        rel.Case(ds, t, h, 2048, layout, True, True)
+        for t, h in ((4, 64), (128, 128))
+        for layout in ("flat", "paged")
+    ]
+    kept = [
+        rel.Case(ds, 128, 64, 2048, "bt", True, True),
+        rel.Case(ds16, 128, 64, 2048, "flat", True, True),
+        rel.Case(ds, 128, 16, 2048, "flat", True, True),
+    ]
+    for case in taken + kept:
+        assert case.config(arch).gluon != "alternating" and case.override(arch) is None
+    monkeypatch.setattr(rel, "_DS_ALT", True)
+    for case in taken:
+        cfg = case.config(arch)
+        assert (cfg.gluon, cfg.num_warps, cfg.block_h, cfg.block_n) == ("alternating", 4, 64, 32)
+        assert case.override(arch) == cfg
+    for case in kept:
+        assert case.config(arch).gluon != "alternating" and case.override(arch) is None
+
+
 SANITIZER_REPORT = """\
 ========= COMPUTE-SANITIZER
 ========= Program hit CUDA_ERROR_INVALID_VALUE (error 1) due to "invalid argument" on CUDA API call to cuFuncSetAttribute.

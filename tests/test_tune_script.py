@@ -189,7 +189,8 @@ def test_max_seconds_stops_starting_configurations(
 
 def test_gluon_sweep_plans_on_sm90(tune, monkeypatch):
     """On sm90 every case times the Triton tile and each Gluon kernel of its format in the same
-    tile and split count, all plans the kernels run (the V4 record: rope 0, its extra set);
+    tile and split count (fp8_ds_mla's alternating kernel in its own tile, at that split count
+    and twice it), all plans the kernels run (the V4 record: rope 0, its extra set);
     bf16 rows at 8-16 heads the heuristics' choice and the warp-specialized kernel's padded
     64-head tile."""
     from triton_mla_sparse.ops.sparse_mla.plan import GLUON_FAMILY
@@ -214,7 +215,13 @@ def test_gluon_sweep_plans_on_sm90(tune, monkeypatch):
         assert cfgs[0].gluon is None and {c.gluon for c in cfgs[1:]} == {
             form for fmt, form in GLUON_FAMILY if fmt == case.kv_format and form != "ampere"
         }
-        assert len({(c.block_h, c.block_n, c.num_splits) for c in cfgs}) == 1
+        # fp8_ds_mla's alternating kernel in its own 64 x 32 tile, at the split count and twice
+        alt = [c for c in cfgs if c.gluon == "alternating"]
+        same = [c for c in cfgs if c.gluon != "alternating"]
+        assert len({(c.block_h, c.block_n, c.num_splits) for c in same}) == 1
+        assert {(c.block_h, c.block_n) for c in alt} <= {(64, 32)}
+        splits = cfgs[0].num_splits
+        assert [c.num_splits for c in alt] == ([splits, 2 * splits] if alt else [])
         v4 = case.kv_format == "fp8_ds_mla_v4"
         kw = dict(extra_width=case.extra_topk) if v4 and case.extra_topk else {}
         for cfg in cfgs:

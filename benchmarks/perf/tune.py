@@ -34,7 +34,11 @@ from triton_mla_sparse.ops.sparse_mla.heuristics import (
     num_splits_for,
     splits_qk,
 )
-from triton_mla_sparse.ops.sparse_mla.plan import LATENT_GLUON_WS_WARPS
+from triton_mla_sparse.ops.sparse_mla.plan import (
+    DS_MLA_GLUON_ALT_BLOCK_N,
+    DS_MLA_GLUON_ALT_WARPS,
+    LATENT_GLUON_WS_WARPS,
+)
 from triton_mla_sparse.testing import measure_ceilings
 from triton_mla_sparse.workloads import Case, deepseek_v4_case
 
@@ -189,7 +193,8 @@ def gluon_tiles(c: Case) -> list[KernelConfig]:
     """The Triton kernel's 64 x 64 tile beside the sm90 kernels in Gluon (KernelConfig.gluon)
     in the same tile and split count: fp8_ds_mla "pipelined" (gathers a step ahead in a
     two-slot ring, one wait per MMA chain), "specialized" (dequantizing warps feeding the MMA
-    warps a ring of fp16 tiles); DeepSeek-V4's record in both forms (a ring of raw bytes
+    warps a ring of fp16 tiles), and "alternating" in its 64 x 32 tile (two warpgroups on
+    alternate steps, each dequantizing its own) at that split count and twice it; DeepSeek-V4's record in both forms (a ring of raw bytes
     dequantized in the MMA warps, or a ring of bf16 tiles from a dequantizing warpgroup; both
     index sets); rows in q's dtype (kv_format "auto") in the wgmma kernel reading its ring, and
     in the warp-specialized one (two warpgroups on alternate steps, each gathering its own rows
@@ -229,10 +234,26 @@ def gluon_tiles(c: Case) -> list[KernelConfig]:
         ]
     if not base.fp16_fold:
         return []
-    return [base] + [
-        dataclasses.replace(base, gluon=form, num_stages=1, idx_ahead=False)
-        for form in ("pipelined", "specialized")
-    ]
+    # and the alternating kernel in its own 64 x 32 tile, at the tile's split count and twice it
+    alt = dataclasses.replace(
+        base,
+        block_n=DS_MLA_GLUON_ALT_BLOCK_N,
+        num_warps=DS_MLA_GLUON_ALT_WARPS,
+        num_stages=1,
+        idx_ahead=False,
+        gluon="alternating",
+    )
+    return (
+        [base]
+        + [
+            dataclasses.replace(base, gluon=form, num_stages=1, idx_ahead=False)
+            for form in ("pipelined", "specialized")
+        ]
+        + [
+            dataclasses.replace(alt, num_splits=s)
+            for s in sorted({base.num_splits, 2 * base.num_splits})
+        ]
+    )
 
 
 # the mma.sync Gluon kernels (KernelConfig.gluon="ampere"): their tiles (heads, rows, warps)

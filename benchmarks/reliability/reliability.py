@@ -151,6 +151,13 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         "(KernelConfig.gluon='specialized') in every case whose tile is its 64 x 64 one",
     )
     p.add_argument(
+        "--ds-alt",
+        action="store_true",
+        help="fp8_ds_mla in sm90's alternating Gluon kernel (KernelConfig.gluon='alternating', "
+        "two warpgroups on alternate 32-row steps) in every case the heuristics give a 64 x 64 "
+        "Gluon tile",
+    )
+    p.add_argument(
         "--fp8-q",
         choices=("bf16", "fp16", "fp32"),
         default="bf16",
@@ -232,6 +239,7 @@ def _imports() -> None:
     global choose_config, split_len_for, config_label, pack_fp8_ds_mla, quantize_fp8, KernelConfig
     global kv_format_mod, compare_sparse_mla, reference_dtype, sparse_mla_tolerance
     global splits_qk, SPLIT_QK_FORMATS, LATENT_GLUON_WS_WARPS, GLUON_LATENT
+    global DS_MLA_GLUON_ALT_BLOCK_N, DS_MLA_GLUON_ALT_WARPS
     import torch
 
     from triton_mla_sparse import kv_format as kv_format_mod
@@ -247,7 +255,12 @@ def _imports() -> None:
         splits_qk,
     )
     from triton_mla_sparse.ops.sparse_mla.interface import sparse_mla
-    from triton_mla_sparse.ops.sparse_mla.plan import GLUON_LATENT, LATENT_GLUON_WS_WARPS
+    from triton_mla_sparse.ops.sparse_mla.plan import (
+        DS_MLA_GLUON_ALT_BLOCK_N,
+        DS_MLA_GLUON_ALT_WARPS,
+        GLUON_LATENT,
+        LATENT_GLUON_WS_WARPS,
+    )
     from triton_mla_sparse.reference import physical_rows, sparse_mla_reference
     from triton_mla_sparse.testing import (
         compare_sparse_mla,
@@ -263,6 +276,7 @@ def _imports() -> None:
 _CHOOSE_BT = False
 _SPLIT_QK = False  # --split-qk
 _ROWS_WS = False  # --rows-ws
+_DS_ALT = False  # --ds-alt
 
 
 # ----------------------------------------------------------------------------------------------
@@ -351,7 +365,25 @@ class Case:
                 num_stages=1,
                 idx_ahead=False,
             )
+        if _DS_ALT and self.forces_ds_alt(cfg, arch):
+            cfg = dataclasses.replace(
+                cfg,
+                gluon="alternating",
+                block_n=DS_MLA_GLUON_ALT_BLOCK_N,
+                num_warps=DS_MLA_GLUON_ALT_WARPS,
+            )
         return cfg
+
+    def forces_ds_alt(self, cfg: KernelConfig, arch) -> bool:
+        """--ds-alt: fp8_ds_mla on sm90 where the heuristics chose a 64 x 64 Gluon tile (bf16
+        q, no block table, no extra set: what the alternating kernel runs too)."""
+        return (
+            arch.backend == "cuda"
+            and int(arch.cc) == 90
+            and self.kind.kv_format == "fp8_ds_mla"
+            and cfg.gluon in ("pipelined", "specialized")
+            and (cfg.block_h, cfg.block_n) == (64, 64)
+        )
 
     def forces_rows_ws(self, cfg: KernelConfig, arch) -> bool:
         """--rows-ws: bf16 rows on sm90 in the 64 x 64 tile, the warp-specialized wgmma
@@ -383,7 +415,11 @@ class Case:
         if self.kind.native is False:
             return self.config(arch)
         cfg = self.config(arch)
-        forced = (_SPLIT_QK and cfg.split_qk) or (_ROWS_WS and cfg.gluon == "specialized")
+        forced = (
+            (_SPLIT_QK and cfg.split_qk)
+            or (_ROWS_WS and cfg.gluon == "specialized")
+            or (_DS_ALT and cfg.gluon == "alternating")
+        )
         return cfg if forced else None
 
 
@@ -1501,6 +1537,8 @@ def _title(args: argparse.Namespace) -> str:
         t += " split-qk"
     if args.rows_ws:
         t += " rows-ws"
+    if args.ds_alt:
+        t += " ds-alt"
     return t
 
 
@@ -1525,12 +1563,14 @@ def main(argv: list[str] | None = None) -> int:
         return merge_logs(args.merge)
     _setup_env(args)
     _imports()
-    global _SPLIT_QK, _ROWS_WS
+    global _SPLIT_QK, _ROWS_WS, _DS_ALT
     _SPLIT_QK = args.split_qk
     _ROWS_WS = args.rows_ws
+    _DS_ALT = args.ds_alt
     for flag, on, what in (
         ("--split-qk", args.split_qk, "the mma.sync Gluon kernels"),
         ("--rows-ws", args.rows_ws, "sm90's warp-specialized Gluon kernel"),
+        ("--ds-alt", args.ds_alt, "sm90's alternating Gluon kernel"),
     ):
         if on and (args.smoke or not torch.cuda.is_available()):
             # (before any worker starts; a CPU listing dry-runs on meta tensors, where they

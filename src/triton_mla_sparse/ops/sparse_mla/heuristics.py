@@ -92,7 +92,9 @@ class KernelConfig:
     # Triton's pipeliner. fp8_ds_mla with the fp16 fold (kernels/ds_mla_sm90_gluon.py):
     # "pipelined" gathers a step ahead in a two-slot cp.async ring, one wait per MMA chain;
     # "specialized" has four dequantizing warps fill a two-slot ring of fp16 K tiles that the
-    # MMA warps consume; no block table, no extra set. The V4 record with bf16 MMAs
+    # MMA warps consume; "alternating" (kernels/ds_mla_sm90_gluon_alt.py, its own 64 x 32 tile,
+    # four warps: plan.DS_MLA_GLUON_ALT_WARPS) gives two warpgroups alternate steps, each
+    # dequantizing its own; no block table, no extra set. The V4 record with bf16 MMAs
     # (kernels/ds_mla_v4_sm90_gluon.py): "pipelined" (one partition, cp.async ring) and
     # "specialized", both sets, block tables. Rows in bf16 (kv_format "auto";
     # kernels/latent_sm90_gluon.py): "pipelined", the MMAs reading the cp.async ring, and

@@ -18,6 +18,7 @@ from .plan import (
     DS_MLA,
     DS_MLA_AMPERE_GLUON,
     DS_MLA_GLUON,
+    DS_MLA_GLUON_ALT,
     DS_MLA_GLUON_WS,
     DS_MLA_V4,
     DS_MLA_V4_GLUON,
@@ -49,6 +50,9 @@ try:  # a Triton without Gluon's Hopper layer has no such kernel (plans asking f
 
     FORWARD[DS_MLA_GLUON] = sparse_mla_ds_mla_sm90_gluon_kernel
     FORWARD[DS_MLA_GLUON_WS] = sparse_mla_ds_mla_sm90_gluon_ws_kernel
+    from .kernels.ds_mla_sm90_gluon_alt import sparse_mla_ds_mla_sm90_gluon_alt_kernel
+
+    FORWARD[DS_MLA_GLUON_ALT] = sparse_mla_ds_mla_sm90_gluon_alt_kernel
     FORWARD[DS_MLA_V4_GLUON_WS] = sparse_mla_ds_mla_v4_sm90_gluon_ws_kernel
     FORWARD[DS_MLA_V4_GLUON] = sparse_mla_ds_mla_v4_sm90_gluon_kernel
     from .kernels.ampere_gluon import (

@@ -37,6 +37,12 @@ FAMILY_OF = {"auto": LATENT, "fp8": LATENT, "fp8_ds_mla": DS_MLA, "fp8_ds_mla_v4
 # fp8_ds_mla's sm90 kernels in Gluon (KernelConfig.gluon): DS_MLA's arguments and constexprs
 DS_MLA_GLUON = "ds_mla_sm90_gluon"
 DS_MLA_GLUON_WS = "ds_mla_sm90_gluon_ws"
+# ... and its form with two warpgroups on alternate 32-row steps, each dequantizing its own
+# (kernels/ds_mla_sm90_gluon_alt.py): KernelConfig.num_warps is its first warpgroup's, the
+# second is its worker partition
+DS_MLA_GLUON_ALT = "ds_mla_sm90_gluon_alt"
+DS_MLA_GLUON_ALT_WARPS = 4
+DS_MLA_GLUON_ALT_BLOCK_N = 32
 # the V4 record's sm90 kernel in Gluon: DS_MLA_V4's arguments and constexprs
 DS_MLA_V4_GLUON_WS = "ds_mla_v4_sm90_gluon_ws"
 DS_MLA_V4_GLUON = "ds_mla_v4_sm90_gluon"
@@ -60,6 +66,7 @@ GLUON_ALIGN = 16
 GLUON_FAMILY = {
     ("fp8_ds_mla", "pipelined"): DS_MLA_GLUON,
     ("fp8_ds_mla", "specialized"): DS_MLA_GLUON_WS,
+    ("fp8_ds_mla", "alternating"): DS_MLA_GLUON_ALT,
     ("fp8_ds_mla_v4", "specialized"): DS_MLA_V4_GLUON_WS,
     ("fp8_ds_mla_v4", "pipelined"): DS_MLA_V4_GLUON,
     ("fp8_ds_mla", "ampere"): DS_MLA_AMPERE_GLUON,
@@ -72,6 +79,7 @@ GLUON_ASYNC_FAMILIES = frozenset(
     {
         DS_MLA_GLUON,
         DS_MLA_GLUON_WS,
+        DS_MLA_GLUON_ALT,
         DS_MLA_V4_GLUON,
         DS_MLA_AMPERE_GLUON,
         LATENT_AMPERE_GLUON,
@@ -196,8 +204,11 @@ def _check_gluon(
         target="cuda:90",
         dtype=torch.bfloat16,
         block_h=64,
-        block_n=64,
-        num_warps=LATENT_GLUON_WS_WARPS if family == LATENT_GLUON_WS else 8,
+        block_n=DS_MLA_GLUON_ALT_BLOCK_N if family == DS_MLA_GLUON_ALT else 64,
+        num_warps={
+            LATENT_GLUON_WS: LATENT_GLUON_WS_WARPS,
+            DS_MLA_GLUON_ALT: DS_MLA_GLUON_ALT_WARPS,
+        }.get(family, 8),
         fp8_native=True,
         latent=GLUON_LATENT,
         on_gpu=True,  # Triton's interpreter runs no Gluon kernel
@@ -216,9 +227,10 @@ def _check_gluon(
         wanted["fp16_mma"], got["fp16_mma"] = False, cfg.fp16_mma
     else:  # fp8_ds_mla's tile with the fp16 fold; rows in q's dtype have nothing to fold
         fold = family not in (LATENT_GLUON, LATENT_GLUON_WS)
-        if family == LATENT_GLUON_WS:
-            # its partitions ask for 256 registers a thread (kernels/latent_sm90_gluon.py,
-            # WS_REGS): under a cap, the first warpgroup's would shrink and spill
+        if family in (LATENT_GLUON_WS, DS_MLA_GLUON_ALT):
+            # their partitions ask for 256 registers a thread (kernels/latent_sm90_gluon.py,
+            # WS_REGS; ds_mla_sm90_gluon_alt.py): under a cap, the first warpgroup's would
+            # shrink and spill
             wanted["max_registers"], got["max_registers"] = None, cfg.max_registers
         wanted.update(fp16_fold=fold, block_table=False, extra_set=False)
         got.update(fp16_fold=cfg.fp16_fold, block_table=has_bt, extra_set=has_extra)
@@ -516,7 +528,7 @@ def make_plan(
             constexprs["SPLIT_QK"] = cfg.split_qk
     else:
         constexprs = dict(common, STAGE=cfg.stage_dequant, FOLD_FP16=cfg.fp16_fold)
-        if family in (DS_MLA, DS_MLA_GLUON, DS_MLA_GLUON_WS, DS_MLA_AMPERE_GLUON):
+        if family in (DS_MLA, DS_MLA_GLUON, DS_MLA_GLUON_WS, DS_MLA_GLUON_ALT, DS_MLA_AMPERE_GLUON):
             constexprs["E4M3_DECODE"] = E4M3_DECODE_CONSTEXPR[cfg.e4m3_decode]
         if family == DS_MLA_AMPERE_GLUON:
             constexprs["RING"] = cfg.num_stages

@@ -1,0 +1,629 @@
+"""fp8_ds_mla decode on sm90 in Gluon: two warpgroups on alternate 32-row steps, each
+dequantizing its own (KernelConfig.gluon="alternating").
+
+The rows-in-bf16 warp-specialized kernel's schedule (latent_sm90_gluon.py) with the
+dequantization inside it. Warpgroup w takes steps 2j + w. For its step it
+
+- gathers the rows' e4m3 bytes, four scales and bf16 rope with cp.async one step ahead, into a
+  raw slot of its own (and one of two rope slots);
+- dequantizes the bytes once into an fp16 K tile of its own, relative to the step's reference
+  scale (the smallest power of two >= its largest chunk scale: KernelConfig.fp16_fold's
+  numerics, one fp16 rounding per value), and then refills the raw slot with its next step;
+- computes QK^T over the whole latent (the NoPE part in fp16, the rope part in bf16 into a
+  second accumulator) and the step's softmax;
+- accumulates half of O's columns from both warpgroups' steps: its own P from registers, the
+  other's through shared memory.
+
+Every row is dequantized once, by one warpgroup, for both. The aim, one warpgroup's
+dequantization, gathers and softmax running while the other's MMAs do, is not what happens:
+the running max handed from one to the other every pair keeps them in step (docs/PERFORMANCE.md,
+log entry 54: 0.93-0.97x the pipelined kernel's time at 64-128 tokens), so it is opt-in.
+
+The two meet at mbarriers, as in the bf16 kernel: the running max (and here the step's
+reference scale) handed from warpgroup 0 to 1 and back, P published, a K tile released. O
+counts in units of a pair's basis, the larger of its two steps' references: the P a warpgroup
+multiplies with a K tile of reference r is scaled by r / basis (a power of two, at most one)
+before its fp16 rounding, and O is moved between bases exactly (fp32, a power of two), so one
+accumulator serves both warpgroups' steps without a rescale between its two MMAs.
+
+Shared memory (64 heads, 32-row steps): q in fp16 64 KB and its rope 8 KB; per warpgroup a raw
+slot (16.5 KB), two rope slots (8 KB), an fp16 K tile (32 KB) and P (4 KB): 194 KB.
+
+The runtime argument list is the Triton kernel's (launch.py passes the same arguments); block
+tables, an extra index set, the integer e4m3 decode and other tiles are refused by
+plan.check_config before any launch.
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy, mbarrier
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from .ds_mla_sm90_gluon import (
+    _BARRIER,
+    LOG2E,
+    NUM_CHUNKS,
+    _gather,
+    _pow2_ref,
+    _program_coords,
+    _result_scale,
+    _split_range,
+    _store_chunk,
+    _store_lse,
+)
+
+ALT_WARPS = gl.constexpr(4)  # each partition is one warpgroup
+# the columns of O each warpgroup accumulates (and of a K tile its PV reads): warpgroup w the w-th
+HALF_L = gl.constexpr(256)
+# registers a thread of either partition may hold; as in latent_sm90_gluon.WS_REGS, ptxas
+# allocates the whole kernel 255 (the O half is 128 of them), so setmaxnreg returns at once
+ALT_REGS = gl.constexpr(256)
+ROPE = gl.constexpr(64)  # the record's bf16 rope values
+
+
+@gluon.jit
+def _alt_gather(
+    KV,
+    Idx,
+    i_t,
+    w0,
+    w_hi,
+    stride_it,
+    stride_iw,
+    num_rows,
+    page_size,
+    stride_kb,
+    raw_slot,
+    scale_slot,
+    rope_slot,
+    BLOCK_N: gl.constexpr,
+    L: gl.constexpr,
+    R: gl.constexpr,
+    PAGE_SHIFT: gl.constexpr,
+):
+    # one warpgroup's cp.async of a step's rows (one commit group): a warp covers 2 rows x 256
+    # bytes of e4m3, 8 rows of scales, 4 rows of rope
+    _gather(
+        KV,
+        Idx,
+        i_t,
+        w0,
+        w_hi,
+        stride_it,
+        stride_iw,
+        num_rows,
+        page_size,
+        stride_kb,
+        raw_slot,
+        scale_slot,
+        rope_slot,
+        BLOCK_N,
+        L,
+        R,
+        PAGE_SHIFT,
+        gl.BlockedLayout([1, 16], [2, 16], [ALT_WARPS, 1], [1, 0]),
+        gl.BlockedLayout([1, 1], [8, 4], [ALT_WARPS, 1], [1, 0]),
+        gl.BlockedLayout([1, 8], [4, 8], [ALT_WARPS, 1], [1, 0]),
+    )
+    async_copy.commit_group()
+
+
+@gluon.jit
+def _alt_warpgroup(
+    KV,
+    Idx,
+    Sink,
+    Out,
+    Lse,
+    OPart,
+    LsePart,
+    q_s,
+    qr_s,
+    raw_ring,
+    scale_ring,
+    rope_ring,
+    k_ring,
+    p_ring,
+    x_s,
+    l_s,
+    bars,
+    i_t,
+    i_ts,
+    i_hb,
+    w_lo,
+    w_hi,
+    n_steps,
+    H,
+    qk_scale,
+    stride_it,
+    stride_iw,
+    num_rows,
+    page_size,
+    stride_kb,
+    stride_ot,
+    stride_oh,
+    stride_od,
+    stride_sink,
+    WG: gl.constexpr,
+    BLOCK_H: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    L: gl.constexpr,
+    R: gl.constexpr,
+    PAGE_SHIFT: gl.constexpr,
+    SPLIT: gl.constexpr,
+    STORE_LSE: gl.constexpr,
+    HAS_SINK: gl.constexpr,
+):
+    # One warpgroup's walk over steps 2j + WG (module docstring). Per pair j: warpgroup 0 folds
+    # its step into the running max it read back after pair j - 1 and publishes it with its
+    # step's reference; warpgroup 1 folds its step into that, fixes the pair's basis and
+    # publishes both; warpgroup 0 then moves its P and O to them. A K tile (and the P beside
+    # it) is rewritten only once the other warpgroup's PV has read it.
+    S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[ALT_WARPS, 1], instr_shape=[16, 32, 16]
+    )
+    O_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[ALT_WARPS, 1], instr_shape=[16, 256, 16]
+    )
+    P_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2)
+    ROW: gl.constexpr = gl.SliceLayout(1, S_LAYOUT)
+    ROW_O: gl.constexpr = gl.SliceLayout(1, O_LAYOUT)
+    DQ_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [ALT_WARPS, 1], [1, 0])
+    # a row's four scales on every thread that dequantizes that row (DQ_LAYOUT's row mapping)
+    SC_DQ_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [ALT_WARPS, 1], [1, 0])
+    OTHER: gl.constexpr = 1 - WG
+    # cross-warpgroup barriers (bars): max and reference published (one per warpgroup), P
+    # published, a K tile free, the sums
+    M_READY: gl.constexpr = 0
+    P_READY: gl.constexpr = 2
+    K_FREE: gl.constexpr = 4
+    L_READY: gl.constexpr = 6
+
+    n_pairs = gl.cdiv(n_steps, 2)
+
+    b_m = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=ROW)
+    b_l = gl.zeros([BLOCK_H], gl.float32, layout=ROW)
+    b_o = gl.zeros([BLOCK_H, HALF_L], gl.float32, layout=O_LAYOUT)
+    b_base = 1.0  # O's unit: the true accumulator is b_o * b_base
+
+    _alt_gather(
+        KV,
+        Idx,
+        i_t,
+        w_lo + WG * BLOCK_N,
+        w_hi,
+        stride_it,
+        stride_iw,
+        num_rows,
+        page_size,
+        stride_kb,
+        raw_ring.index(WG),
+        scale_ring.index(WG),
+        rope_ring.index(2 * WG),
+        BLOCK_N,
+        L,
+        R,
+        PAGE_SHIFT,
+    )
+    for j in range(n_pairs):
+        ph = j & 1
+        # views indexed by a zero the compiler cannot see is one (the grid has one dimension):
+        # with constant views it hoists every wgmma's descriptors out of the walk
+        # (latent_sm90_gluon._ws_warpgroup)
+        i_z = j * gl.program_id(1)
+        q_v = q_s.index(i_z)
+        qr_v = qr_s.index(i_z)
+        raw = raw_ring.index(WG + i_z)
+        k_own = k_ring.index(WG + i_z)
+        k_other = k_ring.index(OTHER + i_z)
+        p_own_s = p_ring.index(WG + i_z)
+        p_other_s = p_ring.index(OTHER + i_z)
+        kr_v = rope_ring.index(2 * WG + ph + i_z)
+        w0 = w_lo + (2 * j + WG) * BLOCK_N
+        o_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))
+        p_idx = Idx + i_t * stride_it + w0.to(gl.int64) * stride_iw
+        b_idx = gl.load(p_idx + o_n * stride_iw, mask=o_n < w_hi - w0, other=-1)
+        m_n = (b_idx >= 0) & (b_idx < num_rows)
+
+        # the step's rows are in (every thread's copies); its reference scale (0 where no row
+        # has a scale: the pair's basis then comes from the other step)
+        async_copy.wait_group(0)
+        _BARRIER()
+        b_sc = scale_ring.index(WG + i_z).load(SC_DQ_LAYOUT)
+        b_cmax = gl.max(gl.max(b_sc, 1), 0)
+        b_ref = _pow2_ref(b_cmax)
+        b_ref_eff = gl.where(b_cmax > 0.0, b_ref, 0.0)
+        b_rel = b_sc * (1.0 / b_ref)
+
+        # the K tile is free once the other warpgroup's PV of pair j - 1 has read it
+        if j > 0:
+            mbarrier.wait(bars.index(K_FREE + WG), ph ^ 1)
+        o_g = gl.arange(0, NUM_CHUNKS, layout=gl.SliceLayout(0, SC_DQ_LAYOUT))
+        for c in gl.static_range(NUM_CHUNKS):
+            b_rel_c = gl.sum(gl.where((o_g == c)[None, :], b_rel, 0.0), 1)
+            b_rel_c = gl.convert_layout(b_rel_c, gl.SliceLayout(1, DQ_LAYOUT))  # same rows
+            b_k8 = raw.slice(c * 128, 128, dim=1).load(DQ_LAYOUT)
+            b_h = b_k8.to(gl.float8e4nv, bitcast=True).to(gl.float16)
+            k_own.slice(c * 128, 128, dim=1).store(b_h * b_rel_c.to(gl.float16)[:, None])
+        fence_async_shared()
+        _BARRIER()  # the tile is in and the raw slot read by every thread
+        if j + 1 < n_pairs:
+            _alt_gather(
+                KV,
+                Idx,
+                i_t,
+                w0 + 2 * BLOCK_N,
+                w_hi,
+                stride_it,
+                stride_iw,
+                num_rows,
+                page_size,
+                stride_kb,
+                raw,
+                scale_ring.index(WG + i_z),
+                rope_ring.index(2 * WG + 1 - ph + i_z),
+                BLOCK_N,
+                L,
+                R,
+                PAGE_SHIFT,
+            )
+
+        # QK^T: the NoPE chain in fp16 (units of the reference), the rope in bf16, one wait
+        b_sn = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=S_LAYOUT)
+        b_sn = warpgroup_mma(q_v, k_own.permute((1, 0)), b_sn, use_acc=False, is_async=True)
+        if R > 0:
+            b_sr = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=S_LAYOUT)
+            b_sr = warpgroup_mma(qr_v, kr_v.permute((1, 0)), b_sr, use_acc=False, is_async=True)
+            b_sn, b_sr = warpgroup_mma_wait(num_outstanding=0, deps=(b_sn, b_sr))
+            b_s = b_sn * b_ref + b_sr
+        else:
+            b_sn = warpgroup_mma_wait(num_outstanding=0, deps=(b_sn,))
+            b_s = b_sn * b_ref
+        b_s = gl.where(m_n[None, :], b_s * qk_scale, float("-inf"))
+
+        # the running max: warpgroup 1 starts from warpgroup 0's for this pair
+        if WG == 1:
+            mbarrier.wait(bars.index(M_READY + 0), ph)
+            b_m_in = x_s.index(0).load(ROW)
+            b_ref0 = gl.max(x_s.index(1).load(ROW), 0)
+        else:
+            b_m_in = b_m
+        b_m_new = gl.maximum(b_m_in, gl.max(b_s, 1))
+        b_m_use = gl.where(b_m_new == float("-inf"), 0.0, b_m_new)
+        b_alpha = gl.exp2(b_m - b_m_use)
+        b_p = gl.exp2(b_s - b_m_use[:, None])
+        b_l = b_l * b_alpha + gl.sum(b_p, 1)
+        b_m = b_m_new
+        if WG == 0:
+            # until warpgroup 1's reference is known: O in units of this step's reference (the
+            # previous basis for a step without one, whose keys are all zero)
+            b_unit = gl.where(b_ref_eff > 0.0, b_ref_eff, b_base)
+        else:
+            # the pair's basis: the larger reference (the previous one where neither has one)
+            b_pair = gl.maximum(b_ref0, b_ref_eff)
+            b_unit = gl.where(b_pair > 0.0, b_pair, b_base)
+            b_p = b_p * (b_ref_eff / b_unit)  # (after the sum: l counts P itself)
+        b_o = b_o * gl.convert_layout(b_alpha * (b_base / b_unit), ROW_O)[:, None]
+        b_base = b_unit
+        _BARRIER()  # every thread has read what it starts from before it is overwritten
+        x_s.index(0).store(b_m_new)
+        x_s.index(1).store(gl.full([BLOCK_H], 0.0, gl.float32, layout=ROW) + b_ref_eff)
+        _BARRIER()
+        mbarrier.arrive(bars.index(M_READY + WG))
+
+        # PV of this warpgroup's own step, P from registers
+        b_pb = b_p.to(gl.float16)
+        b_pd = gl.convert_layout(b_pb, P_LAYOUT)
+        b_o = warpgroup_mma(b_pd, k_own.slice(WG * HALF_L, HALF_L, dim=1), b_o, is_async=True)
+        if WG == 0:
+            # warpgroup 1's max and the pair's basis, which this step's P and O move to
+            mbarrier.wait(bars.index(M_READY + 1), ph)
+            b_m1 = x_s.index(0).load(ROW)
+            b_ref1 = gl.max(x_s.index(1).load(ROW), 0)
+            b_pair = gl.maximum(b_ref_eff, b_ref1)
+            b_pair = gl.where(b_pair > 0.0, b_pair, b_base)
+            b_move = gl.exp2(b_m - gl.where(b_m1 == float("-inf"), 0.0, b_m1))
+            b_o, b_pd = warpgroup_mma_wait(num_outstanding=0, deps=(b_o, b_pd))
+            b_p = b_p * (b_move * (b_ref_eff / b_pair))[:, None]
+            b_l = b_l * b_move
+            b_o = b_o * gl.convert_layout(b_move * (b_base / b_pair), ROW_O)[:, None]
+            b_m = b_m1
+            b_base = b_pair
+            b_pb = b_p.to(gl.float16)
+        p_own_s.store(b_pb)
+        fence_async_shared()
+        _BARRIER()
+        mbarrier.arrive(bars.index(P_READY + WG))
+
+        # PV of the other warpgroup's step, its P from shared memory
+        mbarrier.wait(bars.index(P_READY + OTHER), ph)
+        b_o = warpgroup_mma(
+            p_other_s, k_other.slice(WG * HALF_L, HALF_L, dim=1), b_o, is_async=True
+        )
+        b_o = warpgroup_mma_wait(num_outstanding=0, deps=(b_o,))
+        _BARRIER()
+        # the other warpgroup's K tile and P are free
+        mbarrier.arrive(bars.index(K_FREE + OTHER))
+    async_copy.wait_group(0)
+
+    # the sums: each warpgroup's covers its own steps, both in the final max's basis
+    l_s.index(WG).store(b_l)
+    _BARRIER()
+    mbarrier.arrive(bars.index(L_READY))
+    mbarrier.wait(bars.index(L_READY), 0)
+    b_l = b_l + l_s.index(OTHER).load(ROW)
+    b_inv, b_lse = _result_scale(
+        b_m, b_l, b_base, Sink, i_hb, H, stride_sink, BLOCK_H, SPLIT, HAS_SINK, S_LAYOUT
+    )
+    _store_chunk(
+        b_o * gl.convert_layout(b_inv, ROW_O)[:, None],
+        Out,
+        OPart,
+        i_t,
+        i_ts,
+        i_hb,
+        H,
+        stride_ot,
+        stride_oh,
+        stride_od,
+        WG,
+        BLOCK_H,
+        HALF_L,
+        L,
+        SPLIT,
+        O_LAYOUT,
+    )
+    if WG == 0:
+        _store_lse(b_lse, Lse, LsePart, i_t, i_ts, i_hb, H, BLOCK_H, SPLIT, STORE_LSE, S_LAYOUT)
+
+
+@gluon.jit
+def sparse_mla_ds_mla_sm90_gluon_alt_kernel(
+    Q_nope,
+    Q_rope,
+    KV,
+    Idx,
+    Counts,
+    BlockTable,
+    ReqIds,
+    KScale,
+    Out,
+    Lse,
+    OPart,
+    LsePart,
+    Sink,
+    sm_scale,
+    k_scale_val,
+    H,
+    W,
+    num_rows,
+    page_size,
+    split_len,
+    num_splits,
+    num_hb,
+    stride_qnt,
+    stride_qnh,
+    stride_qnd,
+    stride_qrt,
+    stride_qrh,
+    stride_qrd,
+    stride_kb,
+    stride_kr,
+    stride_kd,
+    stride_it,
+    stride_iw,
+    stride_btr,
+    stride_btb,
+    stride_ct,
+    stride_rq,
+    bt_block_size,
+    bt_max_blocks,
+    stride_ot,
+    stride_oh,
+    stride_od,
+    stride_sink,
+    ExtraKV,
+    ExtraIdx,
+    ExtraCounts,
+    ExtraBlockTable,
+    extra_width,
+    extra_offset,
+    extra_num_rows,
+    extra_page_size,
+    stride_xkb,
+    stride_xkr,
+    stride_xkd,
+    stride_xit,
+    stride_xiw,
+    stride_xbtr,
+    stride_xbtb,
+    stride_xct,
+    extra_bt_block_size,
+    extra_bt_max_blocks,
+    L: gl.constexpr,
+    R: gl.constexpr,
+    BLOCK_H: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    FP8_NATIVE: gl.constexpr,
+    MMA_FP16: gl.constexpr,
+    FOLD_FP16: gl.constexpr,
+    STAGE: gl.constexpr,
+    E4M3_DECODE: gl.constexpr,
+    IDX_AHEAD: gl.constexpr,
+    HAS_COUNTS: gl.constexpr,
+    HAS_BT: gl.constexpr,
+    BT_SHIFT: gl.constexpr,
+    PAGE_SHIFT: gl.constexpr,
+    SPLIT: gl.constexpr,
+    STORE_LSE: gl.constexpr,
+    DOT_PRECISION: gl.constexpr,
+    PDL: gl.constexpr,
+    HAS_SINK: gl.constexpr,
+    HAS_EXTRA: gl.constexpr,
+    EXTRA_HAS_COUNTS: gl.constexpr,
+    EXTRA_HAS_BT: gl.constexpr,
+    EXTRA_BT_SHIFT: gl.constexpr,
+    EXTRA_PAGE_SHIFT: gl.constexpr,
+):
+    gl.static_assert(BLOCK_H == 64 and BLOCK_N == 32 and L == 512, "the 64 x 32 tile only")
+    gl.static_assert(R == ROPE or R == 0, "the record's 64 rope values, or none (NoPE)")
+    gl.static_assert(FOLD_FP16 and FP8_NATIVE, "fp16 MMAs with folded scales, native e4m3")
+    gl.static_assert(not HAS_BT and not HAS_EXTRA, "no block table, no extra set")
+    Q_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [ALT_WARPS, 1], [1, 0])
+    MMA_SMEM: gl.constexpr = gl.NVMMASharedLayout(
+        swizzle_byte_width=128, element_bitwidth=16, rank=2
+    )
+    # P [64 heads, 32 keys] in fp16: 64-byte rows
+    P_SMEM: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2)
+    RAW_SMEM: gl.constexpr = gl.SwizzledSharedLayout(vec=16, per_phase=1, max_phase=1, order=[1, 0])
+    SCALE_SMEM: gl.constexpr = gl.SwizzledSharedLayout(
+        vec=4, per_phase=1, max_phase=1, order=[1, 0]
+    )
+    ROW_SMEM: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+
+    i_hb, i_ts, i_s, i_t = _program_coords(num_hb, num_splits)
+
+    # q: NoPE part in fp16 (the folded tile's MMA type), rope part as it is (bf16)
+    o_hq = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, Q_LAYOUT))
+    m_hq = o_hq < H
+    o_lq = gl.arange(0, L, layout=gl.SliceLayout(0, Q_LAYOUT))
+    p_q = Q_nope + i_t * stride_qnt + o_hq.to(gl.int64)[:, None] * stride_qnh
+    b_q = gl.load(p_q + o_lq[None, :] * stride_qnd, mask=m_hq[:, None], other=0.0)
+    q_s = gl.allocate_shared_memory(gl.float16, [1, BLOCK_H, L], MMA_SMEM)
+    q_s.index(0).store(b_q.to(gl.float16))
+    # (allocated without rope too, zero: the partitions take the same arguments either way)
+    o_rq = gl.arange(0, ROPE, layout=gl.SliceLayout(0, Q_LAYOUT))
+    p_qr = Q_rope + i_t * stride_qrt + o_hq.to(gl.int64)[:, None] * stride_qrh
+    b_qr = gl.load(
+        p_qr + o_rq[None, :] * stride_qrd, mask=m_hq[:, None] & (o_rq < R)[None, :], other=0.0
+    )
+    qr_s = gl.allocate_shared_memory(gl.bfloat16, [1, BLOCK_H, ROPE], MMA_SMEM)
+    qr_s.index(0).store(b_qr)
+
+    # per warpgroup w: raw slot w, rope slots 2w and 2w + 1 (alternate pairs), K tile w, P w
+    raw_ring = gl.allocate_shared_memory(gl.uint8, [2, BLOCK_N, L], RAW_SMEM)
+    scale_ring = gl.allocate_shared_memory(gl.float32, [2, BLOCK_N, NUM_CHUNKS], SCALE_SMEM)
+    rope_ring = gl.allocate_shared_memory(gl.bfloat16, [4, BLOCK_N, ROPE], MMA_SMEM)
+    k_ring = gl.allocate_shared_memory(gl.float16, [2, BLOCK_N, L], MMA_SMEM)
+    p_ring = gl.allocate_shared_memory(gl.float16, [2, BLOCK_H, BLOCK_N], P_SMEM)
+    # the running max (row 0) and the step's reference (row 1) handed between the warpgroups
+    x_s = gl.allocate_shared_memory(gl.float32, [2, BLOCK_H], ROW_SMEM)
+    l_s = gl.allocate_shared_memory(gl.float32, [2, BLOCK_H], ROW_SMEM)
+    # _alt_warpgroup's barriers: two max, two P, two K-free (one arrival each), the sums (two)
+    bars = gl.allocate_shared_memory(gl.int64, [7, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(6):
+        mbarrier.init(bars.index(i), count=1)
+    mbarrier.init(bars.index(6), count=2)
+    fence_async_shared()
+
+    w_lo, w_hi, n_steps = _split_range(
+        Counts, i_t, i_s, W, split_len, stride_ct, BLOCK_N, HAS_COUNTS
+    )
+    qk_scale = sm_scale * LOG2E
+    # (the partition list is written out: Gluon does not take it as a value)
+    gl.warp_specialize(
+        [
+            (
+                _alt_warpgroup,
+                (
+                    KV,
+                    Idx,
+                    Sink,
+                    Out,
+                    Lse,
+                    OPart,
+                    LsePart,
+                    q_s,
+                    qr_s,
+                    raw_ring,
+                    scale_ring,
+                    rope_ring,
+                    k_ring,
+                    p_ring,
+                    x_s,
+                    l_s,
+                    bars,
+                    i_t,
+                    i_ts,
+                    i_hb,
+                    w_lo,
+                    w_hi,
+                    n_steps,
+                    H,
+                    qk_scale,
+                    stride_it,
+                    stride_iw,
+                    num_rows,
+                    page_size,
+                    stride_kb,
+                    stride_ot,
+                    stride_oh,
+                    stride_od,
+                    stride_sink,
+                    0,
+                    BLOCK_H,
+                    BLOCK_N,
+                    L,
+                    R,
+                    PAGE_SHIFT,
+                    SPLIT,
+                    STORE_LSE,
+                    HAS_SINK,
+                ),
+            ),
+            (
+                _alt_warpgroup,
+                (
+                    KV,
+                    Idx,
+                    Sink,
+                    Out,
+                    Lse,
+                    OPart,
+                    LsePart,
+                    q_s,
+                    qr_s,
+                    raw_ring,
+                    scale_ring,
+                    rope_ring,
+                    k_ring,
+                    p_ring,
+                    x_s,
+                    l_s,
+                    bars,
+                    i_t,
+                    i_ts,
+                    i_hb,
+                    w_lo,
+                    w_hi,
+                    n_steps,
+                    H,
+                    qk_scale,
+                    stride_it,
+                    stride_iw,
+                    num_rows,
+                    page_size,
+                    stride_kb,
+                    stride_ot,
+                    stride_oh,
+                    stride_od,
+                    stride_sink,
+                    1,
+                    BLOCK_H,
+                    BLOCK_N,
+                    L,
+                    R,
+                    PAGE_SHIFT,
+                    SPLIT,
+                    STORE_LSE,
+                    HAS_SINK,
+                ),
+            ),
+        ],
+        [ALT_WARPS],
+        [ALT_REGS],
+    )
