@@ -47,6 +47,7 @@ def test_quick_runs_verify_and_compile_then_the_suite_in_parallel(gpu_check, tmp
     cmd = steps[2].cmd
     assert cmd[cmd.index("-n") + 1] == "14" and cmd[cmd.index("--dist") + 1] == "worksteal"
     assert f"not {gpu_check.CONFORMANCE_MARK}" in cmd
+    assert f"--durations={gpu_check.QUICK_DURATIONS}" in cmd  # where the window goes
     assert steps[1].env == {"TMS_COMPILE_ONLY": "cuda:90-"}
 
 

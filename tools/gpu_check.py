@@ -14,7 +14,8 @@ package need not be installed: the checkout's ``src/`` is used)::
 target, and the whole pytest suite (bf16 included; tests/plugin runs where vLLM is importable and
 is skipped otherwise) except FlashMLA's full conformance grids, all inside one 10-minute window:
 the suite runs last with the time left, and if it is stopped there (SIGINT, then SIGKILL for its
-process group) its log still ends with pytest's summary of what ran, and the step fails. ``full`` adds, one part each:
+process group) its log still ends with pytest's summary of what ran, and the step fails; the log
+lists the suite's slowest tests (where its share of the window goes). ``full`` adds, one part each:
 compute-sanitizer (memcheck, initcheck, racecheck) over every configuration the heuristics
 choose, CUDA-graph replay with new inputs, the sm80/86/89 code paths compiled for their target and
 run here by PTX JIT, and FlashMLA's sparse test grids at FlashMLA's sizes
@@ -55,6 +56,8 @@ STEP_LIMIT_S = 570  # every step, and so every part, ends inside a 10-minute win
 # quick's steps share one window, counted from the start of this script (its pytest step, the
 # longest, runs last with what is left): 15 s short of 10 minutes
 QUICK_WINDOW_S = 585
+# the slowest tests the quick's pytest step lists in its log (pytest --durations)
+QUICK_DURATIONS = 30
 # A step past its limit first gets SIGINT (pytest then prints the summary of what ran and
 # pytest-xdist stops its workers), then, after this long, SIGKILL with its whole process group.
 INTERRUPT_GRACE_S = 15
@@ -175,6 +178,8 @@ def quick_steps(args: argparse.Namespace, info: dict) -> list[Step]:
             pytest
             + jobs
             + ["tests", "--ignore=tests/test_compile.py", "-m", f"not {CONFORMANCE_MARK}"]
+            # the slowest tests in the log: where the suite's share of the window goes
+            + [f"--durations={QUICK_DURATIONS}"]
             + ["--junitxml", str(Path(args.out) / "pytest.xml")],
         ),
     ]
