@@ -182,6 +182,33 @@ def _gather(
 
 
 @gluon.jit
+def _step_scales(scale_slot, SC_DQ_LAYOUT: gl.constexpr):
+    # a step's reference scale (its largest chunk scale rounded up to a power of two,
+    # _pow2_ref) and every chunk scale relative to it; also the largest scale (0 where no row
+    # has one)
+    b_sc = scale_slot.load(SC_DQ_LAYOUT)
+    b_cmax = gl.max(gl.max(b_sc, 1), 0)
+    b_ref = _pow2_ref(b_cmax)
+    # (times the exact reciprocal of a power of two: the quotient, without a division each)
+    return b_sc * (1.0 / b_ref), b_ref, b_cmax
+
+
+@gluon.jit
+def _dequant_chunks(raw_slot, b_rel, k_dst, DQ_LAYOUT: gl.constexpr, SC_DQ_LAYOUT: gl.constexpr):
+    # a step's e4m3 rows (raw_slot) into k_dst in fp16, each 128-wide chunk times its scale
+    # relative to the reference (b_rel, from _step_scales): the fp16 fold. SC_DQ_LAYOUT holds a
+    # row's four scales on every thread that dequantizes that row in DQ_LAYOUT, so that
+    # picking a chunk's scale needs no data movement between threads.
+    o_g = gl.arange(0, NUM_CHUNKS, layout=gl.SliceLayout(0, SC_DQ_LAYOUT))
+    for c in gl.static_range(NUM_CHUNKS):
+        b_rel_c = gl.sum(gl.where((o_g == c)[None, :], b_rel, 0.0), 1)
+        b_rel_c = gl.convert_layout(b_rel_c, gl.SliceLayout(1, DQ_LAYOUT))  # same rows
+        b_k8 = raw_slot.slice(c * 128, 128, dim=1).load(DQ_LAYOUT)
+        b_h = b_k8.to(gl.float8e4nv, bitcast=True).to(gl.float16)
+        k_dst.slice(c * 128, 128, dim=1).store(b_h * b_rel_c.to(gl.float16)[:, None])
+
+
+@gluon.jit
 def _program_coords(num_hb, num_splits):
     # program -> (head block, token x split, split, token): the launcher's grid order
     i_p = gl.program_id(0)
@@ -551,18 +578,8 @@ def sparse_mla_ds_mla_sm90_gluon_kernel(
         async_copy.wait_group(1)  # this step's rows are in
         _BARRIER()
 
-        # the step's scales: its largest is the reference the tile is dequantized against
-        b_sc = scale_ring.index(slot).load(SC_DQ_LAYOUT)
-        b_ref_new = _pow2_ref(gl.max(gl.max(b_sc, 1), 0))
-        # (times the exact reciprocal of a power of two: the quotient, without a division each)
-        b_rel = b_sc * (1.0 / b_ref_new)
-        o_g = gl.arange(0, NUM_CHUNKS, layout=gl.SliceLayout(0, SC_DQ_LAYOUT))
-        for c in gl.static_range(NUM_CHUNKS):
-            b_rel_c = gl.sum(gl.where((o_g == c)[None, :], b_rel, 0.0), 1)
-            b_rel_c = gl.convert_layout(b_rel_c, gl.SliceLayout(1, DQ_LAYOUT))  # same rows
-            b_k8 = nope_ring.index(slot).slice(c * 128, 128, dim=1).load(DQ_LAYOUT)
-            b_h = b_k8.to(gl.float8e4nv, bitcast=True).to(gl.float16)
-            k_s.slice(c * 128, 128, dim=1).store(b_h * b_rel_c.to(gl.float16)[:, None])
+        b_rel, b_ref_new, _ = _step_scales(scale_ring.index(slot), SC_DQ_LAYOUT)
+        _dequant_chunks(nope_ring.index(slot), b_rel, k_s, DQ_LAYOUT, SC_DQ_LAYOUT)
         fence_async_shared()
         _BARRIER()
 

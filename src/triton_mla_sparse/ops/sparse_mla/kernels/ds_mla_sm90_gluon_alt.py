@@ -47,11 +47,12 @@ from .ds_mla_sm90_gluon import (
     _BARRIER,
     LOG2E,
     NUM_CHUNKS,
+    _dequant_chunks,
     _gather,
-    _pow2_ref,
     _program_coords,
     _result_scale,
     _split_range,
+    _step_scales,
     _store_chunk,
     _store_lse,
 )
@@ -233,22 +234,13 @@ def _alt_warpgroup(
         # has a scale: the pair's basis then comes from the other step)
         async_copy.wait_group(0)
         _BARRIER()
-        b_sc = scale_ring.index(WG + i_z).load(SC_DQ_LAYOUT)
-        b_cmax = gl.max(gl.max(b_sc, 1), 0)
-        b_ref = _pow2_ref(b_cmax)
+        b_rel, b_ref, b_cmax = _step_scales(scale_ring.index(WG + i_z), SC_DQ_LAYOUT)
         b_ref_eff = gl.where(b_cmax > 0.0, b_ref, 0.0)
-        b_rel = b_sc * (1.0 / b_ref)
 
         # the K tile is free once the other warpgroup's PV of pair j - 1 has read it
         if j > 0:
             mbarrier.wait(bars.index(K_FREE + WG), ph ^ 1)
-        o_g = gl.arange(0, NUM_CHUNKS, layout=gl.SliceLayout(0, SC_DQ_LAYOUT))
-        for c in gl.static_range(NUM_CHUNKS):
-            b_rel_c = gl.sum(gl.where((o_g == c)[None, :], b_rel, 0.0), 1)
-            b_rel_c = gl.convert_layout(b_rel_c, gl.SliceLayout(1, DQ_LAYOUT))  # same rows
-            b_k8 = raw.slice(c * 128, 128, dim=1).load(DQ_LAYOUT)
-            b_h = b_k8.to(gl.float8e4nv, bitcast=True).to(gl.float16)
-            k_own.slice(c * 128, 128, dim=1).store(b_h * b_rel_c.to(gl.float16)[:, None])
+        _dequant_chunks(raw, b_rel, k_own, DQ_LAYOUT, SC_DQ_LAYOUT)
         fence_async_shared()
         _BARRIER()  # the tile is in and the raw slot read by every thread
         if j + 1 < n_pairs:
