@@ -28,6 +28,7 @@ from triton_mla_sparse.ops.sparse_mla.heuristics import (
     AMPERE_GLUON_DS_RING,
     AMPERE_GLUON_RING,
     AMPERE_GLUON_SPLIT_QK_STEPS,
+    ROWS_SPLIT_QK_STEPS,
     TARGETS,
     Arch,
     ampere_gluon_smem,
@@ -171,16 +172,24 @@ def test_default_on_the_paths_timed_faster(tokens, cc, heads):
         assert ampere_gluon_smem(2 * block_h, cfg.block_n, 1) > arch.smem_bytes
 
 
-@pytest.mark.parametrize("tokens", [1, 16, 128])
+@pytest.mark.parametrize("tokens", [1, 16, 64, 128])
 @pytest.mark.parametrize("heads", [8, 16])
 def test_rows_default_on_sm89_at_16_heads(tokens, heads):
     """Rows in q's dtype (bf16) on sm89 with 16 heads or fewer: the mma.sync kernel, 16-head
-    tile, two slots."""
+    tile, two slots; QK^T split over the latent where a program walks at least
+    ROWS_SPLIT_QK_STEPS steps (at 128 tokens, not at 64 or fewer)."""
     arch = next(a for a in TARGETS if a.backend == "cuda" and a.cc == 89)
     plan = _default_plan(tokens, heads, arch, fmt="auto")
     cfg = plan.config
     assert plan.family == LATENT_AMPERE_GLUON
     assert (cfg.gluon, cfg.block_h, cfg.block_n, cfg.num_stages) == ("ampere", 16, 32, 2)
+    per_split = split_len_for(2048, cfg.num_splits, cfg.block_n)[0]
+    long_walk = per_split // cfg.block_n >= ROWS_SPLIT_QK_STEPS
+    assert plan.constexprs["SPLIT_QK"] == cfg.split_qk == long_walk
+    if tokens == 128:
+        assert cfg.split_qk
+    if tokens <= 64:
+        assert not cfg.split_qk
 
 
 @pytest.mark.parametrize("tokens", [1, 4, 15, 16, 64, 128])

@@ -119,7 +119,8 @@ class KernelConfig:
     # latent, one 128-column chunk a warp, with q in registers for the whole walk and the four
     # partial S tiles summed through shared memory (a fifth less shared-memory traffic a step,
     # q no longer in shared memory). fp8_ds_mla: the default where each program walks at least
-    # AMPERE_GLUON_SPLIT_QK_STEPS steps (ampere_gluon_config); rows in q's dtype: opt-in.
+    # AMPERE_GLUON_SPLIT_QK_STEPS steps (ampere_gluon_config), rows in q's dtype from
+    # ROWS_SPLIT_QK_STEPS.
     split_qk: bool = False
 
 
@@ -171,10 +172,17 @@ AMPERE_GLUON_RING = 2
 # four (16 tokens), 0.96x in 16 (64 tokens), 0.95x in 32 (128 tokens); the same on the sm80
 # and sm89 paths by PTX JIT (1.04-1.06x at one token, 0.94-0.97x from 16 tokens on).
 AMPERE_GLUON_SPLIT_QK_STEPS = 4
+# Rows in q's dtype in the 16-head four-warp tile: the fewest steps a program walks for the split
+# to be the default. Timed on the sm89 path by PTX JIT on the H200, Triton 3.8
+# (docs/perf-log/51-ampere-sm89-h200.txt): 0.96x the unsplit tile's time in walks of 32 steps
+# (128 tokens x 16 heads: 93.4 against 97.5 us), 1.01x in walks of 4 (16 tokens); walks of 8-16
+# steps (32-64 tokens) not timed yet, so they keep the unsplit tile. sm90's rows tile (at most
+# SHORT_DECODE_TOKENS tokens) walks fewer.
+ROWS_SPLIT_QK_STEPS = 32
 # the split's warps: one per 128-column chunk of the latent (fp8_ds_mla's scale groups)
 SPLIT_QK_WARPS = 4
 # the formats whose mma.sync kernel takes the split: fp8_ds_mla (the default from
-# AMPERE_GLUON_SPLIT_QK_STEPS steps) and rows in q's dtype (opt-in)
+# AMPERE_GLUON_SPLIT_QK_STEPS steps) and rows in q's dtype (from ROWS_SPLIT_QK_STEPS)
 SPLIT_QK_FORMATS = ("fp8_ds_mla", "auto")
 
 
@@ -570,9 +578,9 @@ def ampere_gluon_config(
         stage_dequant=ds_mla,
         fp16_fold=ds_mla,
         gluon="ampere",
-        split_qk=ds_mla
-        and splits_qk(block_h, num_warps)
-        and per_split >= AMPERE_GLUON_SPLIT_QK_STEPS * AMPERE_GLUON_BLOCK_N,
+        split_qk=splits_qk(block_h, num_warps)
+        and per_split
+        >= (AMPERE_GLUON_SPLIT_QK_STEPS if ds_mla else ROWS_SPLIT_QK_STEPS) * AMPERE_GLUON_BLOCK_N,
     )
 
 

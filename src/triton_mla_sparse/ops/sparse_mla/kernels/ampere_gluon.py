@@ -101,6 +101,31 @@ def _pv_chunks(b_o3, b_p, v_s, A3_OP: gl.constexpr, B3_OP: gl.constexpr):
 
 
 @gluon.jit
+def _q_chunks(
+    Q,
+    i_t,
+    i_hb,
+    H,
+    stride_t,
+    stride_h,
+    stride_d,
+    BLOCK_H: gl.constexpr,
+    W: gl.constexpr,
+    OP: gl.constexpr,
+):
+    # token i_t's heads [i_hb * BLOCK_H, + BLOCK_H) of q as [NUM_CHUNKS, BLOCK_H, W] (chunk c:
+    # columns [c * W, (c + 1) * W)), loaded straight into the MMA operand layout OP: each thread
+    # reads the values it multiplies, with no pass through shared memory before the walk
+    o_c = gl.arange(0, NUM_CHUNKS, layout=gl.SliceLayout(1, gl.SliceLayout(2, OP)))
+    o_h = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, gl.SliceLayout(2, OP)))
+    o_j = gl.arange(0, W, layout=gl.SliceLayout(0, gl.SliceLayout(1, OP)))
+    p_q = Q + i_t * stride_t + o_h.to(gl.int64)[None, :, None] * stride_h
+    p_q = p_q + (o_c[:, None, None] * W + o_j[None, None, :]) * stride_d
+    m_q = (o_c < NUM_CHUNKS)[:, None, None] & (o_h < H)[None, :, None] & (o_j < W)[None, None, :]
+    return gl.load(p_q, mask=m_q, other=0.0)
+
+
+@gluon.jit
 def _qk_nope(
     q_s,
     k_s,
@@ -393,9 +418,6 @@ def sparse_mla_ds_mla_ampere_gluon_kernel(
     DQ_LAYOUT: gl.constexpr = gl.SliceLayout(0, DQ3_LAYOUT)
     SC_DQ_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [gl.num_warps(), 1], [1, 0])
     Q_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [gl.num_warps(), 1], [1, 0])
-    Q3_LAYOUT: gl.constexpr = gl.BlockedLayout(
-        [1, 1, 8], [1, 2, 16], [gl.num_warps(), 1, 1], [2, 1, 0]
-    )
     # shared layouts: 16-bit MMA operands swizzled for ldmatrix, the raw bytes plain
     OP_SMEM: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
     OP3_SMEM: gl.constexpr = gl.SwizzledSharedLayout(
@@ -416,24 +438,14 @@ def sparse_mla_ds_mla_ampere_gluon_kernel(
 
     # q: NoPE part in fp16 (the folded tile's MMA type), rope part as it is
     if SPLIT_QK:
-        # each warp's chunk of q as its MMA operand in registers, for the whole walk (the
-        # conversion's scratch is free before the ring is allocated)
-        o_cq = gl.arange(0, NUM_CHUNKS, layout=gl.SliceLayout(1, gl.SliceLayout(2, Q3_LAYOUT)))
-        o_hq3 = i_hb * BLOCK_H + gl.arange(
-            0, BLOCK_H, layout=gl.SliceLayout(0, gl.SliceLayout(2, Q3_LAYOUT))
-        )
-        m_hq3 = (o_cq < NUM_CHUNKS)[:, None, None] & (o_hq3 < H)[None, :, None]
-        p_q3 = Q_nope + i_t * stride_qnt + o_hq3.to(gl.int64)[None, :, None] * stride_qnh
-        o_kq = gl.arange(0, KW, layout=gl.SliceLayout(0, gl.SliceLayout(1, Q3_LAYOUT)))
-        o_lq3 = o_cq[:, None, None] * KW + o_kq[None, None, :]
-        b_q3 = gl.load(p_q3 + o_lq3 * stride_qnd, mask=m_hq3, other=0.0)
-        b_qa3 = gl.convert_layout(b_q3.to(gl.float16), A3_OP)
+        # each warp's chunk of q as its MMA operand in registers, for the whole walk
+        b_qa3 = _q_chunks(
+            Q_nope, i_t, i_hb, H, stride_qnt, stride_qnh, stride_qnd, BLOCK_H, KW, A3_OP
+        ).to(gl.float16)
         if R > 0:
-            o_rj = gl.arange(0, RW, layout=gl.SliceLayout(0, gl.SliceLayout(1, Q3_LAYOUT)))
-            p_qr3 = Q_rope + i_t * stride_qrt + o_hq3.to(gl.int64)[None, :, None] * stride_qrh
-            o_rq3 = o_cq[:, None, None] * RW + o_rj[None, None, :]
-            b_qr3 = gl.load(p_qr3 + o_rq3 * stride_qrd, mask=m_hq3, other=0.0)
-            b_qra3 = gl.convert_layout(b_qr3, A3_OP)
+            b_qra3 = _q_chunks(
+                Q_rope, i_t, i_hb, H, stride_qrt, stride_qrh, stride_qrd, BLOCK_H, RW, A3_OP
+            )
     else:
         o_hq = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, Q_LAYOUT))
         m_hq = o_hq < H
@@ -903,27 +915,13 @@ def sparse_mla_latent_ampere_gluon_kernel(
 
     if SPLIT_QK:
         # each warp's chunk of q (and of its RoPE part) as its MMA operand in registers
-        o_cq = gl.arange(0, NUM_CHUNKS, layout=gl.SliceLayout(1, gl.SliceLayout(2, NOPE3_LAYOUT)))
-        o_hq3 = i_hb * BLOCK_H + gl.arange(
-            0, BLOCK_H, layout=gl.SliceLayout(0, gl.SliceLayout(2, NOPE3_LAYOUT))
+        b_qa3 = _q_chunks(
+            Q_nope, i_t, i_hb, H, stride_qnt, stride_qnh, stride_qnd, BLOCK_H, KW, A3_OP
         )
-        m_hq3 = (o_cq < NUM_CHUNKS)[:, None, None] & (o_hq3 < H)[None, :, None]
-        o_kq = gl.arange(0, KW, layout=gl.SliceLayout(0, gl.SliceLayout(1, NOPE3_LAYOUT)))
-        p_q3 = Q_nope + i_t * stride_qnt + o_hq3.to(gl.int64)[None, :, None] * stride_qnh
-        p_q3 = p_q3 + (o_cq[:, None, None] * KW + o_kq[None, None, :]) * stride_qnd
-        b_qa3 = gl.convert_layout(gl.load(p_q3, mask=m_hq3, other=0.0), A3_OP)
         if R > 0:
-            o_cr = gl.arange(
-                0, NUM_CHUNKS, layout=gl.SliceLayout(1, gl.SliceLayout(2, ROPE3_LAYOUT))
+            b_qra3 = _q_chunks(
+                Q_rope, i_t, i_hb, H, stride_qrt, stride_qrh, stride_qrd, BLOCK_H, RW, A3_OP
             )
-            o_hr3 = i_hb * BLOCK_H + gl.arange(
-                0, BLOCK_H, layout=gl.SliceLayout(0, gl.SliceLayout(2, ROPE3_LAYOUT))
-            )
-            m_hr3 = (o_cr < NUM_CHUNKS)[:, None, None] & (o_hr3 < H)[None, :, None]
-            o_rj = gl.arange(0, RW, layout=gl.SliceLayout(0, gl.SliceLayout(1, ROPE3_LAYOUT)))
-            p_qr3 = Q_rope + i_t * stride_qrt + o_hr3.to(gl.int64)[None, :, None] * stride_qrh
-            p_qr3 = p_qr3 + (o_cr[:, None, None] * RW + o_rj[None, None, :]) * stride_qrd
-            b_qra3 = gl.convert_layout(gl.load(p_qr3, mask=m_hr3, other=0.0), A3_OP)
         # the ring: two slots of gathered rows, chunk-major, and the partial S tiles
         nope_ring = gl.allocate_shared_memory(dtype, [2, NUM_CHUNKS, BLOCK_N, KW], OP3_SMEM)
         rope_ring = gl.allocate_shared_memory(dtype, [2, NUM_CHUNKS, BLOCK_N, RW], OP3_SMEM)
