@@ -75,6 +75,19 @@ def test_smoke_passes(tmp_path):
     assert m.returncode == 0 and "RESULT: PASS: 12 cases, 0 failed" in m.stdout, m.stdout + m.stderr
 
 
+def test_a_shard_without_cases_passes(tmp_path):
+    """A sanitizer run of fewer cases than shards leaves some shards empty: they pass (exit 0,
+    no log), not fail, so that sanitize.sh's status is the other shards' and the tool's."""
+    log = tmp_path / "empty.json"
+    p = _run([SCRIPT, "--smoke", "--max-cases", "2", "--shard", "5/8", "--log", str(log)])
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "no case falls in shard 5/8" in p.stdout
+    assert not log.exists()
+    # a selection that is empty before sharding still fails
+    p = _run([SCRIPT, "--smoke", "--only", "no-such-kind", "--shard", "0/2"])
+    assert p.returncode == 1 and "FAIL (no case ran)" in p.stdout, p.stdout[-3000:]
+
+
 # A sparse_mla that drops valid_counts (reads garbage past the count: decoy rows, NaN) or turns
 # -1 block-table entries into block 1 (reads rows no index selects), or does either to the
 # extra set's.

@@ -764,10 +764,15 @@ def filter_cases(cases: list[Case], info: dict, args: argparse.Namespace) -> lis
         cases = cases[args.skip_cases :]
     if args.max_cases is not None:
         cases = cases[: args.max_cases]
-    if args.shard:
-        k, n = args.shard
-        cases = cases[k::n]
     return cases
+
+
+def shard_cases(cases: list[Case], args: argparse.Namespace) -> list[Case]:
+    """The cases of ``--shard K/N``: every N-th from the K-th (all without ``--shard``)."""
+    if not args.shard:
+        return cases
+    k, n = args.shard
+    return cases[k::n]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1615,6 +1620,8 @@ def main(argv: list[str] | None = None) -> int:
         cases, info = select(cands, device, arch, args.all_shapes)
     n_all = len(cases)
     cases = filter_cases(cases, info, args)
+    n_filtered = len(cases)
+    cases = shard_cases(cases, args)
     title = _title(args)
     print(
         f"{title}: arch {arch.backend} {arch.cc} ({arch.num_sms} SMs), {len(cands)} candidate "
@@ -1628,6 +1635,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{i:4d}] {c.name:<38s} {config_label(cfg):<22s} {keys[0]}")
             if keys[1]:
                 print(f"       {'':<38s} {'':<22s} {keys[1]}")
+        return 0
+    if not cases and n_filtered:
+        # fewer cases than shards (a sanitizer's few cases over many processes): nothing of this
+        # shard's to fail, and the other shards run the selection
+        print(f"{title}: no case falls in shard {args.shard[0]}/{args.shard[1]}", flush=True)
         return 0
     runner = Runner(args, device, arch, emu)
     results = []
