@@ -6,7 +6,8 @@ after the step's last MMA and waits for each of its nine wgmmas before the next
 warpgroups:
 
 - the rows of step i + 1 (e4m3 bytes, the four fp32 scales, the bf16 rope) are gathered with
-  cp.async into the other half of a two-slot ring while step i is dequantized and multiplied;
+  cp.async into the other half of a two-slot ring, issued once step i's QK^T is (so that the
+  gather's index loads wait behind the MMAs), landing during step i's softmax and PV;
 - step i's bytes are dequantized once into an fp16 K tile in shared memory, relative to the
   step's largest scale (KernelConfig.fp16_fold's numerics, the product formed in fp16: e4m3
   converts to fp16 exactly, the ratio scale / reference is rounded to fp16 once, and one packed
@@ -550,8 +551,43 @@ def sparse_mla_ds_mla_sm90_gluon_kernel(
     for i_step in range(n_steps):
         slot = i_step % 2
         w0 = w_lo + i_step * BLOCK_N
-        # every thread is past its reads of the other slot (the previous step) before it refills
+        # the validity of the step's rows, for the softmax: its index loads issued here, ahead
+        # of the MMAs, rather than waited for behind them
+        _, m_s = _rows(
+            Idx,
+            i_t,
+            w0,
+            w_hi,
+            stride_it,
+            stride_iw,
+            num_rows,
+            page_size,
+            stride_kb,
+            ROW_BYTES,
+            BLOCK_N,
+            PAGE_SHIFT,
+            gl.SliceLayout(0, S_LAYOUT),
+        )
+        async_copy.wait_group(0)  # this step's rows are in
         _BARRIER()
+
+        b_rel, b_ref_new, _ = _step_scales(scale_ring.index(slot), SC_DQ_LAYOUT)
+        _dequant_chunks(nope_ring.index(slot), b_rel, k_s, DQ_LAYOUT, SC_DQ_LAYOUT)
+        fence_async_shared()
+        _BARRIER()
+
+        # QK^T: the NoPE chain in fp16 (units of the reference), the rope in bf16, one wait
+        b_sn = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=S_LAYOUT)
+        b_sn = warpgroup_mma(q_s, k_s.permute((1, 0)), b_sn, use_acc=False, is_async=True)
+        if R > 0:
+            b_sr = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=S_LAYOUT)
+            b_sr = warpgroup_mma(
+                qr_s, rope_ring.index(slot).permute((1, 0)), b_sr, use_acc=False, is_async=True
+            )
+        # the next step's rows into the other slot while QK^T runs, so that the gather's index
+        # loads and address arithmetic wait behind the MMAs instead of ahead of the
+        # dequantization. The slot's last readers were step i - 1's dequantization and rope
+        # MMAs, which every thread finished before the barrier above.
         _gather(
             KV,
             Idx,
@@ -575,44 +611,14 @@ def sparse_mla_ds_mla_sm90_gluon_kernel(
             ROPE_LAYOUT,
         )
         async_copy.commit_group()
-        async_copy.wait_group(1)  # this step's rows are in
-        _BARRIER()
-
-        b_rel, b_ref_new, _ = _step_scales(scale_ring.index(slot), SC_DQ_LAYOUT)
-        _dequant_chunks(nope_ring.index(slot), b_rel, k_s, DQ_LAYOUT, SC_DQ_LAYOUT)
-        fence_async_shared()
-        _BARRIER()
-
-        # QK^T: the NoPE chain in fp16 (units of the reference), the rope in bf16, one wait
-        b_sn = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=S_LAYOUT)
-        b_sn = warpgroup_mma(q_s, k_s.permute((1, 0)), b_sn, use_acc=False, is_async=True)
         if R > 0:
-            b_sr = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=S_LAYOUT)
-            b_sr = warpgroup_mma(
-                qr_s, rope_ring.index(slot).permute((1, 0)), b_sr, use_acc=False, is_async=True
-            )
             b_sn, b_sr = warpgroup_mma_wait(num_outstanding=0, deps=(b_sn, b_sr))
             b_s = b_sn * b_ref_new + b_sr
         else:
             b_sn = warpgroup_mma_wait(num_outstanding=0, deps=(b_sn,))
             b_s = b_sn * b_ref_new
 
-        # the online softmax step over the valid rows (their validity kept from the gather)
-        _, m_s = _rows(
-            Idx,
-            i_t,
-            w0,
-            w_hi,
-            stride_it,
-            stride_iw,
-            num_rows,
-            page_size,
-            stride_kb,
-            ROW_BYTES,
-            BLOCK_N,
-            PAGE_SHIFT,
-            gl.SliceLayout(0, S_LAYOUT),
-        )
+        # the online softmax step over the valid rows
         b_s = gl.where(m_s[None, :], b_s * qk_scale, float("-inf"))
         b_m_new = gl.maximum(b_m, gl.max(b_s, 1))
         b_m_use = gl.where(b_m_new == float("-inf"), 0.0, b_m_new)
