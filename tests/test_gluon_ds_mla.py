@@ -345,6 +345,55 @@ def test_gluon_matches_the_reference(form, tokens, heads, width, splits, page, r
     assert (out[0] == 0).all() and torch.isneginf(lse[0]).all()
 
 
+# rows of the walk-ordered cache below that share one magnitude: the alternating kernel's step
+FALLING_STEP_ROWS = 32
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_GPU, reason="Gluon kernels run on a GPU only")
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("splits", [1, 3])
+def test_gluon_output_from_steps_far_below_the_first(form, splits, request):
+    """Scales that halve every 32 rows along the walk (2^-31 at its end) and scores that rise
+    along it steeply enough that the last steps carry the output: a kernel that puts a step's
+    scale relative to an earlier, larger one into its fp16 P (rather than into the fp32
+    accumulator) loses those steps to underflow."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Gluon kernel is sm90's")
+    if form == "alternating":
+        request.getfixturevalue("alt_kernel_finishes")
+    g = torch.Generator().manual_seed(splits)
+    tokens, heads, width = 2, 64, 1024
+    steps = torch.arange(width) // FALLING_STEP_ROWS
+    r = torch.randn(width, 576, generator=g)
+    r[:, :512] *= torch.exp2(-steps.double()).float()[:, None]
+    r[:, 512:] = (torch.arange(width) * (20.0 / width))[:, None]  # the rope: the scores' ramp
+    cache = pack_fp8_ds_mla(r).to(DEVICE)
+    idx = torch.arange(width, dtype=torch.int32).repeat(tokens, 1).to(DEVICE)
+    q = torch.randn(tokens, heads, 576, generator=g) * 0.05
+    q[..., 512:] = 1.0 + 0.1 * torch.randn(tokens, heads, 64, generator=g)
+    q = q.bfloat16().to(DEVICE)
+    ref, ref_lse = sparse_mla_reference(
+        q, cache, idx, 0.07, return_lse=True, compute_dtype=torch.float64, kv_format="fp8_ds_mla"
+    )
+    # the last eight steps carry nearly all of the reference's output
+    tail = sparse_mla_reference(
+        q,
+        cache,
+        idx[:, -8 * FALLING_STEP_ROWS :],
+        0.07,
+        compute_dtype=torch.float64,
+        kv_format="fp8_ds_mla",
+    )
+    assert ((tail - ref).norm() / ref.norm()).item() < 1e-2
+    cfg = dataclasses.replace(FORM_CONFIG[form], num_splits=splits)
+    out = poison_(torch.empty(tokens, heads, 512, dtype=torch.bfloat16, device=DEVICE))
+    _, lse = sparse_mla(
+        q, cache, idx, 0.07, return_lse=True, out=out, config=cfg, kv_format="fp8_ds_mla"
+    )
+    assert_matches(out, lse, ref, ref_lse, torch.bfloat16)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_GPU, reason="Gluon kernels run on a GPU only")
 @pytest.mark.parametrize("aligned", [True, False])

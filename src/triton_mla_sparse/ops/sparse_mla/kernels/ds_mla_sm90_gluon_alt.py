@@ -14,17 +14,24 @@ dequantization inside it. Warpgroup w takes steps 2j + w. For its step it
 - accumulates half of O's columns from both warpgroups' steps: its own P from registers, the
   other's through shared memory.
 
-Every row is dequantized once, by one warpgroup, for both. The aim, one warpgroup's
-dequantization, gathers and softmax running while the other's MMAs do, is not what happens:
-the running max handed from one to the other every pair keeps them in step (docs/PERFORMANCE.md,
-log entry 54: 0.93-0.97x the pipelined kernel's time at 64-128 tokens), so it is opt-in.
+Every row is dequantized once, by one warpgroup, for both. The aim is one warpgroup's
+dequantization, gathers and softmax running while the other's MMAs do. Measured, it is only
+0.95-0.99x the pipelined kernel's time at 64-128 tokens (docs/PERFORMANCE.md, log entry 58):
+each warpgroup's own chain (gather wait, dequantization, QK^T, softmax, two PVs) bounds it, so
+it is opt-in.
 
-The two meet at mbarriers, as in the bf16 kernel: the running max (and here the step's
-reference scale) handed from warpgroup 0 to 1 and back, P published, a K tile released. O
-counts in units of a pair's basis, the larger of its two steps' references: the P a warpgroup
-multiplies with a K tile of reference r is scaled by r / basis (a power of two, at most one)
-before its fp16 rounding, and O is moved between bases exactly (fp32, a power of two), so one
-accumulator serves both warpgroups' steps without a rescale between its two MMAs.
+Each warpgroup keeps its own running max, sum and fp8 basis for its half of O. It publishes
+its step's P unscaled, with the row maxima and reference scale it was formed against, and moves
+the other warpgroup's P, read back from shared memory, into its own max and basis before its
+PV; the sums and maxima are combined once, at the end. Nothing of the other warpgroup's is
+waited for before a warpgroup's own P is out, so the two can drift apart (a first form handed
+the running max from warpgroup 0 to 1 and back every pair, which kept them in step:
+docs/PERFORMANCE.md, log entries 54 and 57). O counts in units of a basis: a warpgroup's own
+step's reference, then the larger of it and the other step's. The other warpgroup's P is scaled
+by its reference / basis (a power of two, at most one: a ratio of neighbouring steps'
+references) before its fp16 rounding, the own P not at all, and O is moved between bases
+exactly (fp32, a power of two). The warpgroups meet at mbarriers: P published, a K tile (with the P and
+maxima beside it) released, the sums.
 
 Shared memory (64 heads, 32-row steps): q in fp16 64 KB and its rope 8 KB; per warpgroup a raw
 slot (16.5 KB), two rope slots (8 KB), an fp16 K tile (32 KB) and P (4 KB): 194 KB.
@@ -64,6 +71,12 @@ HALF_L = gl.constexpr(256)
 # allocates the whole kernel 255 (the O half is 128 of them), so setmaxnreg returns at once
 ALT_REGS = gl.constexpr(256)
 ROPE = gl.constexpr(64)  # the record's bf16 rope values
+# the cross-warpgroup mbarriers (one arrival each but the sums'): a warpgroup's P and maxima
+# published (one per warpgroup), its K tile free (one per warpgroup), the sums and maxima
+P_READY = gl.constexpr(0)
+K_FREE = gl.constexpr(2)
+L_READY = gl.constexpr(4)
+NUM_BARS = gl.constexpr(5)
 
 
 @gluon.jit
@@ -159,11 +172,12 @@ def _alt_warpgroup(
     STORE_LSE: gl.constexpr,
     HAS_SINK: gl.constexpr,
 ):
-    # One warpgroup's walk over steps 2j + WG (module docstring). Per pair j: warpgroup 0 folds
-    # its step into the running max it read back after pair j - 1 and publishes it with its
-    # step's reference; warpgroup 1 folds its step into that, fixes the pair's basis and
-    # publishes both; warpgroup 0 then moves its P and O to them. A K tile (and the P beside
-    # it) is rewritten only once the other warpgroup's PV has read it.
+    # One warpgroup's walk over steps 2j + WG (module docstring). Per pair j it folds its own
+    # step into its own running max and fp8 basis, publishes that step's P unscaled with the max
+    # and reference it was formed against, and moves the other warpgroup's P, read back from
+    # shared memory, into its own max and basis before multiplying it. Nothing passes from one
+    # warpgroup to the other before its own P is out, so they may drift apart. A K tile (and
+    # the P and row maxima beside it) is rewritten only once the other warpgroup has read it.
     S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[ALT_WARPS, 1], instr_shape=[16, 32, 16]
     )
@@ -177,19 +191,15 @@ def _alt_warpgroup(
     # a row's four scales on every thread that dequantizes that row (DQ_LAYOUT's row mapping)
     SC_DQ_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [ALT_WARPS, 1], [1, 0])
     OTHER: gl.constexpr = 1 - WG
-    # cross-warpgroup barriers (bars): max and reference published (one per warpgroup), P
-    # published, a K tile free, the sums
-    M_READY: gl.constexpr = 0
-    P_READY: gl.constexpr = 2
-    K_FREE: gl.constexpr = 4
-    L_READY: gl.constexpr = 6
 
     n_pairs = gl.cdiv(n_steps, 2)
 
     b_m = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=ROW)
-    b_l = gl.zeros([BLOCK_H], gl.float32, layout=ROW)
+    b_l = gl.zeros([BLOCK_H], gl.float32, layout=ROW)  # this warpgroup's own steps
     b_o = gl.zeros([BLOCK_H, HALF_L], gl.float32, layout=O_LAYOUT)
-    b_base = 1.0  # O's unit: the true accumulator is b_o * b_base
+    # O's unit: the true accumulator is b_o * b_base; 0 until a step has a reference (O is zero
+    # until then, and stays zero where no step has one: every key is zero)
+    b_base = 0.0
 
     _alt_gather(
         KV,
@@ -231,18 +241,25 @@ def _alt_warpgroup(
         m_n = (b_idx >= 0) & (b_idx < num_rows)
 
         # the step's rows are in (every thread's copies); its reference scale (0 where no row
-        # has a scale: the pair's basis then comes from the other step)
+        # has a scale: the step's keys are all zero and add nothing to O)
         async_copy.wait_group(0)
         _BARRIER()
         b_rel, b_ref, b_cmax = _step_scales(scale_ring.index(WG + i_z), SC_DQ_LAYOUT)
         b_ref_eff = gl.where(b_cmax > 0.0, b_ref, 0.0)
 
-        # the K tile is free once the other warpgroup's PV of pair j - 1 has read it
+        # the K tile, P and published maxima are free once the other warpgroup has read them
         if j > 0:
             mbarrier.wait(bars.index(K_FREE + WG), ph ^ 1)
         _dequant_chunks(raw, b_rel, k_own, DQ_LAYOUT, SC_DQ_LAYOUT)
         fence_async_shared()
         _BARRIER()  # the tile is in and the raw slot read by every thread
+        # QK^T: the NoPE chain in fp16 (units of the reference), the rope in bf16, one wait
+        b_sn = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=S_LAYOUT)
+        b_sn = warpgroup_mma(q_v, k_own.permute((1, 0)), b_sn, use_acc=False, is_async=True)
+        if R > 0:
+            b_sr = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=S_LAYOUT)
+            b_sr = warpgroup_mma(qr_v, kr_v.permute((1, 0)), b_sr, use_acc=False, is_async=True)
+        # the next step's rows into the raw slot (and the other rope slot) while QK^T runs
         if j + 1 < n_pairs:
             _alt_gather(
                 KV,
@@ -263,13 +280,7 @@ def _alt_warpgroup(
                 R,
                 PAGE_SHIFT,
             )
-
-        # QK^T: the NoPE chain in fp16 (units of the reference), the rope in bf16, one wait
-        b_sn = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=S_LAYOUT)
-        b_sn = warpgroup_mma(q_v, k_own.permute((1, 0)), b_sn, use_acc=False, is_async=True)
         if R > 0:
-            b_sr = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=S_LAYOUT)
-            b_sr = warpgroup_mma(qr_v, kr_v.permute((1, 0)), b_sr, use_acc=False, is_async=True)
             b_sn, b_sr = warpgroup_mma_wait(num_outstanding=0, deps=(b_sn, b_sr))
             b_s = b_sn * b_ref + b_sr
         else:
@@ -277,80 +288,74 @@ def _alt_warpgroup(
             b_s = b_sn * b_ref
         b_s = gl.where(m_n[None, :], b_s * qk_scale, float("-inf"))
 
-        # the running max: warpgroup 1 starts from warpgroup 0's for this pair
-        if WG == 1:
-            mbarrier.wait(bars.index(M_READY + 0), ph)
-            b_m_in = x_s.index(0).load(ROW)
-            b_ref0 = gl.max(x_s.index(1).load(ROW), 0)
-        else:
-            b_m_in = b_m
-        b_m_new = gl.maximum(b_m_in, gl.max(b_s, 1))
+        # the own step, into this warpgroup's max; O moves to the step's reference as its basis
+        # (exact in fp32), so that the own P needs no scaling and only the other warpgroup's P,
+        # from the neighbouring step, is scaled before its fp16 rounding
+        b_m_new = gl.maximum(b_m, gl.max(b_s, 1))
         b_m_use = gl.where(b_m_new == float("-inf"), 0.0, b_m_new)
         b_alpha = gl.exp2(b_m - b_m_use)
         b_p = gl.exp2(b_s - b_m_use[:, None])
-        b_l = b_l * b_alpha + gl.sum(b_p, 1)
+        b_l = b_l * b_alpha + gl.sum(b_p, 1)  # (l counts P itself, before the basis)
         b_m = b_m_new
-        if WG == 0:
-            # until warpgroup 1's reference is known: O in units of this step's reference (the
-            # previous basis for a step without one, whose keys are all zero)
-            b_unit = gl.where(b_ref_eff > 0.0, b_ref_eff, b_base)
-        else:
-            # the pair's basis: the larger reference (the previous one where neither has one)
-            b_pair = gl.maximum(b_ref0, b_ref_eff)
-            b_unit = gl.where(b_pair > 0.0, b_pair, b_base)
-            b_p = b_p * (b_ref_eff / b_unit)  # (after the sum: l counts P itself)
-        b_o = b_o * gl.convert_layout(b_alpha * (b_base / b_unit), ROW_O)[:, None]
-        b_base = b_unit
-        _BARRIER()  # every thread has read what it starts from before it is overwritten
-        x_s.index(0).store(b_m_new)
-        x_s.index(1).store(gl.full([BLOCK_H], 0.0, gl.float32, layout=ROW) + b_ref_eff)
-        _BARRIER()
-        mbarrier.arrive(bars.index(M_READY + WG))
-
-        # PV of this warpgroup's own step, P from registers
-        b_pb = b_p.to(gl.float16)
-        b_pd = gl.convert_layout(b_pb, P_LAYOUT)
-        b_o = warpgroup_mma(b_pd, k_own.slice(WG * HALF_L, HALF_L, dim=1), b_o, is_async=True)
-        if WG == 0:
-            # warpgroup 1's max and the pair's basis, which this step's P and O move to
-            mbarrier.wait(bars.index(M_READY + 1), ph)
-            b_m1 = x_s.index(0).load(ROW)
-            b_ref1 = gl.max(x_s.index(1).load(ROW), 0)
-            b_pair = gl.maximum(b_ref_eff, b_ref1)
-            b_pair = gl.where(b_pair > 0.0, b_pair, b_base)
-            b_move = gl.exp2(b_m - gl.where(b_m1 == float("-inf"), 0.0, b_m1))
-            b_o, b_pd = warpgroup_mma_wait(num_outstanding=0, deps=(b_o, b_pd))
-            b_p = b_p * (b_move * (b_ref_eff / b_pair))[:, None]
-            b_l = b_l * b_move
-            b_o = b_o * gl.convert_layout(b_move * (b_base / b_pair), ROW_O)[:, None]
-            b_m = b_m1
-            b_base = b_pair
-            b_pb = b_p.to(gl.float16)
-        p_own_s.store(b_pb)
+        b_base_new = gl.where(b_ref_eff > 0.0, b_ref_eff, b_base)
+        b_base_use = gl.where(b_base_new > 0.0, b_base_new, 1.0)
+        b_o = b_o * gl.convert_layout(b_alpha * (b_base / b_base_use), ROW_O)[:, None]
+        b_base = b_base_new
+        # published unscaled, with the max (-inf where nothing is valid yet: P is zero there)
+        # and the reference it was formed against
+        p_own_s.store(b_p.to(gl.float16))
+        x_s.index(2 * WG).store(b_m)
+        x_s.index(2 * WG + 1).store(gl.full([BLOCK_H], 0.0, gl.float32, layout=ROW) + b_ref_eff)
         fence_async_shared()
         _BARRIER()
         mbarrier.arrive(bars.index(P_READY + WG))
+        # PV of the own step, P from registers (r / basis: 1, or 0 for a step without a
+        # reference, whose keys are zero)
+        b_pd = gl.convert_layout((b_p * (b_ref_eff / b_base_use)).to(gl.float16), P_LAYOUT)
+        b_o = warpgroup_mma(b_pd, k_own.slice(WG * HALF_L, HALF_L, dim=1), b_o, is_async=True)
 
-        # PV of the other warpgroup's step, its P from shared memory
+        # the other warpgroup's step: its P moved into this warpgroup's max and into the basis,
+        # the larger of the two steps' references (r / basis <= 1, a power of two, applied
+        # before the fp16 rounding: the ratio of two neighbouring steps' references)
         mbarrier.wait(bars.index(P_READY + OTHER), ph)
-        b_o = warpgroup_mma(
-            p_other_s, k_other.slice(WG * HALF_L, HALF_L, dim=1), b_o, is_async=True
-        )
+        b_mo = x_s.index(2 * OTHER).load(ROW)
+        b_refo = gl.max(x_s.index(2 * OTHER + 1).load(ROW), 0)
+        b_po = p_other_s.load(S_LAYOUT).to(gl.float32)
+        b_m_new = gl.maximum(b_m, b_mo)
+        b_m_use = gl.where(b_m_new == float("-inf"), 0.0, b_m_new)
+        b_alpha = gl.exp2(b_m - b_m_use)
+        b_l = b_l * b_alpha
+        b_m = b_m_new
+        b_base_new = gl.maximum(b_base, b_refo)
+        b_base_use = gl.where(b_base_new > 0.0, b_base_new, 1.0)
+        b_po = b_po * (gl.exp2(b_mo - b_m_use) * (b_refo / b_base_use))[:, None]
+        b_pdo = gl.convert_layout(b_po.to(gl.float16), P_LAYOUT)
+        b_o, b_pd = warpgroup_mma_wait(num_outstanding=0, deps=(b_o, b_pd))
+        b_o = b_o * gl.convert_layout(b_alpha * (b_base / b_base_use), ROW_O)[:, None]
+        b_base = b_base_new
+        b_o = warpgroup_mma(b_pdo, k_other.slice(WG * HALF_L, HALF_L, dim=1), b_o, is_async=True)
         b_o = warpgroup_mma_wait(num_outstanding=0, deps=(b_o,))
         _BARRIER()
-        # the other warpgroup's K tile and P are free
+        # the other warpgroup's K tile, P and maxima are free
         mbarrier.arrive(bars.index(K_FREE + OTHER))
     async_copy.wait_group(0)
 
-    # the sums: each warpgroup's covers its own steps, both in the final max's basis
+    # the sums (each over its own steps, in its own max) and the maxima, combined once
     l_s.index(WG).store(b_l)
+    l_s.index(2 + WG).store(b_m)
     _BARRIER()
     mbarrier.arrive(bars.index(L_READY))
     mbarrier.wait(bars.index(L_READY), 0)
-    b_l = b_l + l_s.index(OTHER).load(ROW)
+    b_lo = l_s.index(OTHER).load(ROW)
+    b_mo = l_s.index(2 + OTHER).load(ROW)
+    b_mt = gl.maximum(b_m, b_mo)
+    b_mt_use = gl.where(b_mt == float("-inf"), 0.0, b_mt)
+    b_own = gl.exp2(b_m - b_mt_use)
+    b_lt = b_l * b_own + b_lo * gl.exp2(b_mo - b_mt_use)
     b_inv, b_lse = _result_scale(
-        b_m, b_l, b_base, Sink, i_hb, H, stride_sink, BLOCK_H, SPLIT, HAS_SINK, S_LAYOUT
+        b_mt, b_lt, 1.0, Sink, i_hb, H, stride_sink, BLOCK_H, SPLIT, HAS_SINK, S_LAYOUT
     )
+    b_inv = b_inv * b_own * b_base
     _store_chunk(
         b_o * gl.convert_layout(b_inv, ROW_O)[:, None],
         Out,
@@ -502,14 +507,14 @@ def sparse_mla_ds_mla_sm90_gluon_alt_kernel(
     rope_ring = gl.allocate_shared_memory(gl.bfloat16, [4, BLOCK_N, ROPE], MMA_SMEM)
     k_ring = gl.allocate_shared_memory(gl.float16, [2, BLOCK_N, L], MMA_SMEM)
     p_ring = gl.allocate_shared_memory(gl.float16, [2, BLOCK_H, BLOCK_N], P_SMEM)
-    # the running max (row 0) and the step's reference (row 1) handed between the warpgroups
-    x_s = gl.allocate_shared_memory(gl.float32, [2, BLOCK_H], ROW_SMEM)
-    l_s = gl.allocate_shared_memory(gl.float32, [2, BLOCK_H], ROW_SMEM)
-    # _alt_warpgroup's barriers: two max, two P, two K-free (one arrival each), the sums (two)
-    bars = gl.allocate_shared_memory(gl.int64, [7, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(6):
+    # per warpgroup w: the row maxima (row 2w) and reference (row 2w + 1) its published P was
+    # formed against; at the end its sums (row w) and maxima (row 2 + w)
+    x_s = gl.allocate_shared_memory(gl.float32, [4, BLOCK_H], ROW_SMEM)
+    l_s = gl.allocate_shared_memory(gl.float32, [4, BLOCK_H], ROW_SMEM)
+    bars = gl.allocate_shared_memory(gl.int64, [NUM_BARS, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(L_READY):
         mbarrier.init(bars.index(i), count=1)
-    mbarrier.init(bars.index(6), count=2)
+    mbarrier.init(bars.index(L_READY), count=2)  # both warpgroups arrive
     fence_async_shared()
 
     w_lo, w_hi, n_steps = _split_range(
