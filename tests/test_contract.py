@@ -457,9 +457,9 @@ def test_config_label_is_what_runs():
     """KernelConfig as chosen for a block-table call is what the kernel runs (no silent drop of
     idx_ahead in the launcher any more)."""
     arch = arch_of(DEVICE)
-    plain = choose_config(128, 16, 2048, torch.bfloat16, "auto", arch)
-    assert plain.idx_ahead  # H200: 128 tokens x 16 heads loads indices ahead
-    bt = choose_config(128, 16, 2048, torch.bfloat16, "auto", arch, block_table=True)
+    plain = choose_config(32, 16, 2048, torch.bfloat16, "auto", arch)
+    assert plain.idx_ahead  # H200: 32 tokens x 16 heads loads indices ahead
+    bt = choose_config(32, 16, 2048, torch.bfloat16, "auto", arch, block_table=True)
     assert not bt.idx_ahead and isinstance(bt, KernelConfig)
 
 

@@ -70,11 +70,21 @@ def test_plan_names_the_family(family):
 
 
 @pytest.mark.parametrize("tokens", [64, 128])
-@pytest.mark.parametrize("heads", [64, 128])
+@pytest.mark.parametrize("heads", [8, 16, 48, 64, 128])
 def test_default_at_the_token_counts_timed(tokens, heads):
-    """bf16 rows and q on sm90, 64-128 tokens, 64 or more heads: this kernel by default."""
+    """bf16 rows and q on sm90, 64-128 tokens, 8 heads or more: the warp-specialized kernel by
+    default, in its 64-head tile (fewer heads padded), split as the timed calls were (two
+    programs a token at 64 tokens of up to 64 heads, one elsewhere)."""
     plan = _plan(num_tokens=tokens, num_heads=heads, config=None)
-    assert plan.family == LATENT_GLUON and plan.config.gluon == "pipelined"
+    splits = 2 if tokens == 64 and heads <= 64 else 1
+    c = plan.config
+    assert plan.family == LATENT_GLUON_WS and c.gluon == "specialized"
+    assert (c.block_h, c.block_n, c.num_warps, c.num_splits) == (
+        64,
+        64,
+        LATENT_GLUON_WS_WARPS,
+        splits,
+    )
 
 
 @pytest.mark.parametrize(
@@ -82,7 +92,7 @@ def test_default_at_the_token_counts_timed(tokens, heads):
     [
         ("16 tokens: not timed", dict(num_tokens=16)),
         ("prefill: not timed", dict(num_tokens=4096)),
-        ("16 heads: another tile", dict(num_heads=16)),
+        ("4 heads: fewer than timed", dict(num_heads=4)),
         ("fp16 q", dict(dtype=torch.float16)),
         ("block table", dict(block_size=64)),
         ("extra set", dict(extra_width=128)),

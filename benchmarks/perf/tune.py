@@ -204,10 +204,11 @@ def gluon_tiles(c: Case) -> list[KernelConfig]:
     width = c.topk + c.extra_topk
     base = triton_config(c, width, arch)
     if c.kv_format == "auto" and c.heads <= 16 and int(arch.cc) == 90:
-        # 8-16 heads: the heuristics' choice beside the warp-specialized kernel in its 64-head
-        # tile, the heads padded to 64 as vLLM pads them for FlashMLA (memory-bound: the
-        # padded MMAs cost less than the rows' bytes), at one and two programs per SM
-        default = choose_config(c.tokens, c.heads, width, c.dtype, c.kv_format, arch)
+        # 8-16 heads: the Triton tile (the heuristics' choice where Gluon cannot run) beside
+        # the warp-specialized kernel in its 64-head tile, the heads padded to 64 as vLLM pads
+        # them for FlashMLA (memory-bound: the padded MMAs cost less than the rows' bytes), at
+        # one and two programs per SM
+        default = choose_config(c.tokens, c.heads, width, c.dtype, c.kv_format, arch, gluon=False)
         splits = num_splits_for(c.tokens, width, 64, arch.num_sms, 64)
         ws = KernelConfig(64, 64, LATENT_GLUON_WS_WARPS, 1, gluon="specialized")
         return [default] + [

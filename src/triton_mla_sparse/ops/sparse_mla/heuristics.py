@@ -146,9 +146,15 @@ V4_FOLD_CCS = (80, 89, 90)
 # The first Triton release whose code for the single-partition ("pipelined") fp8_ds_mla Gluon
 # kernel was timed faster than its warp-specialized form (gluon_form_for).
 PIPELINED_DS_MLA_TRITON = (3, 8)
-# The token counts (inclusive) at which the sm90 Gluon kernel for rows in q's dtype was timed
-# against the Triton kernel; it is the default only there (gluon_form_for).
+# The token counts (inclusive) at which the sm90 Gluon kernels for rows in q's dtype were timed
+# against the Triton kernel; they are the default only there (gluon_form_for, rows_ws_config).
 GLUON_TIMED_TOKENS = (64, 128)
+# the warps of a program of the warp-specialized rows kernel (KernelConfig.num_warps: its first
+# warpgroup; the second is its worker partition), and its tile's heads and rows
+LATENT_GLUON_WS_WARPS = 4
+LATENT_GLUON_WS_TILE = 64
+# the fewest heads it was timed at in its padded tile (fewer keep the heuristics' other choice)
+LATENT_GLUON_WS_MIN_HEADS = 8
 # The mma.sync Gluon kernels (kernels/ampere_gluon.py): the targets whose code was timed faster
 # than the Triton kernel's (sm80's and sm89's PTX on an H200), the rows of one step, the decode
 # token counts (inclusive) they were timed at (1, 16, 64 and 128), and their rings: fp8_ds_mla
@@ -375,6 +381,18 @@ def choose_config(
     if block_table and cfg.idx_ahead:
         # the same tiles and stages with the in-step loop (what block-table calls have run)
         cfg = dataclasses.replace(cfg, idx_ahead=False)
+    ws = rows_ws_config(
+        dtype,
+        kv_format,
+        arch,
+        num_tokens=num_tokens,
+        num_heads=num_heads,
+        width=width,
+        block_table=block_table,
+        extra_set=extra_set,
+    )
+    if gluon and ws is not None and gluon_available():
+        return ws
     ampere = ampere_gluon_config(
         dtype,
         kv_format,
@@ -470,6 +488,49 @@ def gluon_form_for(
     if kv_format == "auto" and timed and not (block_table or extra_set):
         return "pipelined"
     return None
+
+
+def rows_ws_config(
+    dtype: torch.dtype,
+    kv_format: str,
+    arch: Arch,
+    *,
+    num_tokens: int,
+    num_heads: int,
+    width: int,
+    block_table: bool,
+    extra_set: bool,
+) -> KernelConfig | None:
+    """The warp-specialized wgmma kernel for rows in q's dtype (KernelConfig(gluon=
+    "specialized"), two warpgroups on alternate 64-row steps) where it was timed faster than the
+    heuristics' other choice, else None: sm90, bf16 q and rows, 64-128 tokens, no block table
+    or extra set, 8 heads or more in its 64-head tile (fewer than 64 padded, as vLLM pads them
+    for FlashMLA). Under Triton 3.8 on the H200 (docs/perf-log/53-ws-rows-h200.txt, every row
+    checked against float64 first), against the pipelined wgmma kernel at 64-128 heads: 179.7
+    / 245.1 us at 128 tokens x 128 heads, 99.3 / 126.2 at 128 x 64, 91.4 / 126.5 at 64 x 128,
+    59.7 / 73.7 at 64 x 64; against the Triton tile at 8-16 heads: 87.1 / 94.2 at 128 x 16,
+    85.8 / 93.0 at 128 x 8, 50.0 / 53.1 at 64 x 16, 47.9 / 51.0 at 64 x 8. Under Triton 3.6
+    on an H100 (docs/perf-log/58-gpu-check-and-schedules-h100.txt): 174.0 / 259.2 at 128 x
+    128, 106.0 / 137.5 at 128 x 64, 88.9 / 133.1 at 64 x 128, 69.5 / 81.1 at 64 x 64; 95.5 /
+    102.2 at 128 x 16, 94.3 / 97.4 at 128 x 8, 57.8 / 59.2 at 64 x 16, 56.1 / 55.8 at 64 x 8
+    (level). One program per head block and token is the split count a multiprocessor's worth
+    of the grid calls for (twice it was 3-11% slower at 8-16 heads)."""
+    timed = GLUON_TIMED_TOKENS[0] <= num_tokens <= GLUON_TIMED_TOKENS[1]
+    if not (
+        _wgmma(arch)
+        and dtype == torch.bfloat16
+        and kv_format == "auto"
+        and timed
+        and num_heads >= LATENT_GLUON_WS_MIN_HEADS
+        and not (block_table or extra_set)
+    ):
+        return None
+    tile = LATENT_GLUON_WS_TILE
+    programs = num_tokens * -(-num_heads // tile)
+    splits = num_splits_for(programs, width, tile, arch.num_sms, tile)
+    return KernelConfig(
+        tile, tile, LATENT_GLUON_WS_WARPS, 1, num_splits=splits, gluon="specialized"
+    )
 
 
 def ampere_gluon_config(

@@ -18,6 +18,7 @@ from ..target import Arch
 from .heuristics import (
     E4M3_DECODE_DEFAULT,
     E4M3_DECODES,
+    LATENT_GLUON_WS_WARPS,
     SCALED_CHUNK_FORMATS,
     SPLIT_QK_FORMATS,
     SPLIT_QK_WARPS,
@@ -55,9 +56,6 @@ AMPERE_FAMILIES = frozenset({DS_MLA_AMPERE_GLUON, LATENT_AMPERE_GLUON})
 # pipelined one, and the warp-specialized one (two warpgroups on alternate steps)
 LATENT_GLUON = "latent_sm90_gluon"
 LATENT_GLUON_WS = "latent_sm90_gluon_ws"
-# the warps of a program of LATENT_GLUON_WS's (KernelConfig.num_warps: its first warpgroup; the
-# second is its worker partition)
-LATENT_GLUON_WS_WARPS = 4
 # the q / key width the Gluon kernels are written for (both records' 512-wide rows)
 GLUON_LATENT = 512
 # bytes the fp8_ds_mla Gluon kernels' 16-byte gathers need the cache's address and strides
