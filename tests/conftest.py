@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from importlib import metadata
 from pathlib import Path
 
@@ -27,6 +28,50 @@ DTYPES = [torch.float16, torch.float32] + ([torch.bfloat16] if HAS_GPU else [])
 
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _triton_compile_time(record_property):
+    """The seconds a test spends in Triton's JIT compiles (a hit in the on-disk cache included)
+    and how many it runs, as the junit XML properties ``triton_compile_s`` and
+    ``triton_compiles``; tools/gpu_check.py sums them, to show how much of the GPU check's time
+    is compiling rather than running (the interpreter compiles nothing: zero on CPU). Triton's
+    hooks around each compile, chained to any already set; yields the running totals."""
+    spent = {"s": 0.0, "n": 0, "t0": None}
+    knobs = _triton_runtime_knobs()
+    if knobs is None:
+        yield spent
+        return
+    before, after = knobs.jit_cache_hook, knobs.jit_post_compile_hook
+
+    def on_compile(**kw):
+        spent["t0"] = time.perf_counter()
+        return before(**kw) if before else None
+
+    def on_compiled(**kw):
+        if spent["t0"] is not None:
+            spent["s"] += time.perf_counter() - spent["t0"]
+            spent["n"] += 1
+            spent["t0"] = None
+        return after(**kw) if after else None
+
+    knobs.jit_cache_hook, knobs.jit_post_compile_hook = on_compile, on_compiled
+    try:
+        yield spent
+    finally:
+        knobs.jit_cache_hook, knobs.jit_post_compile_hook = before, after
+        record_property("triton_compile_s", round(spent["s"], 3))
+        record_property("triton_compiles", spent["n"])
+
+
+def _triton_runtime_knobs():
+    """triton.knobs.runtime where it has the JIT compile hooks (Triton 3.4 on), else None."""
+    try:
+        from triton import knobs
+    except ImportError:
+        return None
+    runtime = getattr(knobs, "runtime", None)
+    return runtime if hasattr(runtime, "jit_post_compile_hook") else None
 
 
 def compile_ahead(jobs: dict, workdir: Path, asm_dir: Path | None = None) -> dict:

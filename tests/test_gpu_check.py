@@ -51,6 +51,42 @@ def test_quick_runs_verify_and_compile_then_the_suite_in_parallel(gpu_check, tmp
     assert steps[1].env == {"TMS_COMPILE_ONLY": "cuda:90-"}
 
 
+_JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">
+<testcase classname="tests.test_a" name="one" time="10.0"><properties>
+<property name="triton_compile_s" value="6.5"/><property name="triton_compiles" value="3"/>
+</properties></testcase>
+<testcase classname="tests.test_a" name="two" time="2.0"><properties>
+<property name="triton_compile_s" value="0.5"/><property name="triton_compiles" value="1"/>
+</properties></testcase>
+<testcase classname="tests.test_b" name="three" time="20.0"/>
+</testsuite></testsuites>"""
+
+
+def test_time_breakdown_sums_the_suites_compile_time(gpu_check, tmp_path, capsys):
+    """The quick's summary: seconds over the workers, the part in Triton's compiles (the junit
+    properties tests/conftest.py records; none for a test that compiled nothing), per file,
+    largest first; nothing without the XML."""
+    xml = tmp_path / "pytest.xml"
+    assert gpu_check.time_breakdown(xml) is None
+    xml.write_text(_JUNIT)
+    t = gpu_check.time_breakdown(xml)
+    assert (t["seconds"], t["compile_seconds"], t["compiles"]) == (32.0, 7.0, 4)
+    assert list(t["files"]) == ["tests.test_b", "tests.test_a"]
+    assert t["files"]["tests.test_a"] == {"seconds": 12.0, "compile_seconds": 7.0}
+    gpu_check.print_time_breakdown(t)
+    assert "32 s, 7 s (22%) in 4 Triton compiles" in capsys.readouterr().out
+
+
+def test_compile_time_fixture_chains_tritons_hooks(_triton_compile_time):
+    """tests/conftest.py's accounting: Triton's hooks around a compile add its seconds and
+    count, and call the hooks that were set before (the fixture restores them afterwards)."""
+    knobs = pytest.importorskip("triton").knobs.runtime
+    assert knobs.jit_cache_hook(key="k") is None  # None: compile, do not skip
+    time.sleep(0.02)
+    knobs.jit_post_compile_hook(key="k")
+    assert _triton_compile_time["n"] == 1 and _triton_compile_time["s"] >= 0.02
+
+
 _INTERRUPTIBLE = """
 import os, signal, subprocess, sys, time
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])

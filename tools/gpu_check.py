@@ -15,7 +15,8 @@ target, and the whole pytest suite (bf16 included; tests/plugin runs where vLLM 
 is skipped otherwise) except FlashMLA's full conformance grids, all inside one 10-minute window:
 the suite runs last with the time left, and if it is stopped there (SIGINT, then SIGKILL for its
 process group) its log still ends with pytest's summary of what ran, and the step fails; the log
-lists the suite's slowest tests (where its share of the window goes). ``full`` adds, one part each:
+lists the suite's slowest tests, and the summary how much of the suite's time went into Triton's
+compiles, per test file (where its share of the window goes). ``full`` adds, one part each:
 compute-sanitizer (memcheck, initcheck, racecheck) over every configuration the heuristics
 choose, CUDA-graph replay with new inputs, the sm80/86/89 code paths compiled for their target and
 run here by PTX JIT, and FlashMLA's sparse test grids at FlashMLA's sizes
@@ -47,6 +48,7 @@ import signal
 import subprocess
 import sys
 import time
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -330,6 +332,45 @@ def environment(env: dict[str, str]) -> dict:
     return info
 
 
+# the test files the quick's time breakdown lists
+TIME_FILES = 12
+
+
+def time_breakdown(junit_xml: Path) -> dict | None:
+    """Where a pytest run's time went, from its junit XML: seconds summed over the workers, the
+    part of them in Triton's JIT compiles (tests/conftest.py records each test's), and the same
+    per test file, largest first; None without the XML (a run cut short writes none)."""
+    if not junit_xml.is_file():
+        return None
+    files: dict[str, list[float]] = {}
+    for case in ET.parse(junit_xml).getroot().iter("testcase"):
+        props = {p.get("name"): p.get("value") for p in case.iter("property")}
+        row = files.setdefault(case.get("classname") or "?", [0.0, 0.0, 0])
+        row[0] += float(case.get("time") or 0.0)
+        row[1] += float(props.get("triton_compile_s") or 0.0)
+        row[2] += int(props.get("triton_compiles") or 0)
+    total = [sum(r[i] for r in files.values()) for i in range(3)]
+    top = sorted(files.items(), key=lambda kv: -kv[1][0])[:TIME_FILES]
+    return {
+        "seconds": round(total[0], 1),
+        "compile_seconds": round(total[1], 1),
+        "compiles": total[2],
+        "files": {
+            k: {"seconds": round(v[0], 1), "compile_seconds": round(v[1], 1)} for k, v in top
+        },
+    }
+
+
+def print_time_breakdown(t: dict) -> None:
+    share = t["compile_seconds"] / t["seconds"] if t["seconds"] else 0.0
+    print(
+        f"pytest time summed over workers: {t['seconds']:.0f} s, {t['compile_seconds']:.0f} s "
+        f"({share:.0%}) in {t['compiles']} Triton compiles"
+    )
+    for name, f in t["files"].items():
+        print(f"  {f['seconds']:7.0f} s  compiling {f['compile_seconds']:6.0f} s  {name}")
+
+
 def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -383,11 +424,16 @@ def main(argv: list[str] | None = None) -> int:
         results.append(run_step(step, env, out, limit))
     summary = {"mode": args.mode, "part": args.part, "environment": info}
     summary["steps"] = [dataclasses.asdict(r) for r in results]
+    times = time_breakdown(out / "pytest.xml") if args.mode == "quick" else None
+    if times is not None:
+        summary["pytest_time"] = times
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     print(
         f"\nGPU check ({args.mode}{' part ' + args.part if args.part else ''}): "
         f"{info.get('gpu')}, torch {info.get('torch')}, triton {info.get('triton')}"
     )
+    if times is not None:
+        print_time_breakdown(times)
     print(f"{'step':<20s} {'status':<6s} {'s':>5s}  counts")
     for r in results:
         print(f"{r.name:<20s} {'ok' if r.ok else f'rc={r.rc}':<6s} {r.seconds:5.0f}  {r.counts}")
