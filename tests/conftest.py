@@ -6,6 +6,7 @@ so setting it here, before any test runs, is enough.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -34,10 +35,13 @@ ROOT = Path(__file__).resolve().parents[1]
 def _triton_compile_time(record_property):
     """The seconds a test spends in Triton's JIT compiles (a hit in the on-disk cache included)
     and how many it runs, as the junit XML properties ``triton_compile_s`` and
-    ``triton_compiles``; tools/gpu_check.py sums them, to show how much of the GPU check's time
-    is compiling rather than running (the interpreter compiles nothing: zero on CPU). Triton's
-    hooks around each compile, chained to any already set; yields the running totals."""
-    spent = {"s": 0.0, "n": 0, "t0": None}
+    ``triton_compiles``, and each compile as ``triton_compiled`` (``kernel:key:seconds``, ";"
+    between compiles; key: a hash of Triton's specialization key, the same in every worker);
+    tools/gpu_check.py sums them, to show how much of the GPU check's time is compiling rather
+    than running and which kernels' specializations it goes to (the interpreter compiles
+    nothing: zero on CPU). Triton's hooks around each compile, chained to any already set;
+    yields the running totals and the compiles."""
+    spent = {"s": 0.0, "n": 0, "t0": None, "compiled": []}
     knobs = _triton_runtime_knobs()
     if knobs is None:
         yield spent
@@ -50,9 +54,11 @@ def _triton_compile_time(record_property):
 
     def on_compiled(**kw):
         if spent["t0"] is not None:
-            spent["s"] += time.perf_counter() - spent["t0"]
+            seconds = time.perf_counter() - spent["t0"]
+            spent["s"] += seconds
             spent["n"] += 1
             spent["t0"] = None
+            spent["compiled"].append(f"{_kernel_name(kw)}:{_key_hash(kw)}:{seconds:.2f}")
         return after(**kw) if after else None
 
     knobs.jit_cache_hook, knobs.jit_post_compile_hook = on_compile, on_compiled
@@ -62,6 +68,20 @@ def _triton_compile_time(record_property):
         knobs.jit_cache_hook, knobs.jit_post_compile_hook = before, after
         record_property("triton_compile_s", round(spent["s"], 3))
         record_property("triton_compiles", spent["n"])
+        if spent["compiled"]:
+            record_property("triton_compiled", ";".join(spent["compiled"]))
+
+
+def _kernel_name(hook_kwargs: dict) -> str:
+    """The compiled function's name from the arguments Triton passes its compile hooks."""
+    fn = hook_kwargs.get("fn")
+    return str(getattr(fn, "name", None) or "?").replace(":", "_").replace(";", "_")
+
+
+def _key_hash(hook_kwargs: dict) -> str:
+    """A short hash of the compile's specialization key (its text is the same in every
+    process for the same kernel, arguments' types and constexprs and options)."""
+    return hashlib.sha1(repr(hook_kwargs.get("key")).encode()).hexdigest()[:12]
 
 
 def _triton_runtime_knobs():

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 
 import pytest
 
@@ -54,9 +55,11 @@ def test_quick_runs_verify_and_compile_then_the_suite_in_parallel(gpu_check, tmp
 _JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">
 <testcase classname="tests.test_a" name="one" time="10.0"><properties>
 <property name="triton_compile_s" value="6.5"/><property name="triton_compiles" value="3"/>
+<property name="triton_compiled" value="kern_a:k1:4.00;kern_a:k2:2.00;kern_b:k1:0.50"/>
 </properties></testcase>
 <testcase classname="tests.test_a" name="two" time="2.0"><properties>
 <property name="triton_compile_s" value="0.5"/><property name="triton_compiles" value="1"/>
+<property name="triton_compiled" value="kern_a:k1:0.50"/>
 </properties></testcase>
 <testcase classname="tests.test_b" name="three" time="20.0"/>
 </testsuite></testsuites>"""
@@ -73,8 +76,17 @@ def test_time_breakdown_sums_the_suites_compile_time(gpu_check, tmp_path, capsys
     assert (t["seconds"], t["compile_seconds"], t["compiles"]) == (32.0, 7.0, 4)
     assert list(t["files"]) == ["tests.test_b", "tests.test_a"]
     assert t["files"]["tests.test_a"] == {"seconds": 12.0, "compile_seconds": 7.0}
+    # per kernel: its distinct specializations, each counted once at its slowest compile; the
+    # second compile of kern_a's k1 (another worker's) apart
+    assert (t["specializations"], t["compiled_again"], t["compiled_again_seconds"]) == (3, 1, 0.5)
+    assert t["kernels"] == {
+        "kern_a": {"specializations": 2, "compile_seconds": 6.0},
+        "kern_b": {"specializations": 1, "compile_seconds": 0.5},
+    }
     gpu_check.print_time_breakdown(t)
-    assert "32 s, 7 s (22%) in 4 Triton compiles" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "32 s, 7 s (22%) in 4 Triton compiles" in out
+    assert "3 distinct kernel specializations; 1 compiles (0 s) of one another" in out
 
 
 def test_compile_time_fixture_chains_tritons_hooks(_triton_compile_time):
@@ -83,8 +95,11 @@ def test_compile_time_fixture_chains_tritons_hooks(_triton_compile_time):
     knobs = pytest.importorskip("triton").knobs.runtime
     assert knobs.jit_cache_hook(key="k") is None  # None: compile, do not skip
     time.sleep(0.02)
-    knobs.jit_post_compile_hook(key="k")
+    knobs.jit_post_compile_hook(key="k", fn=types.SimpleNamespace(name="my_kernel"))
     assert _triton_compile_time["n"] == 1 and _triton_compile_time["s"] >= 0.02
+    (compiled,) = _triton_compile_time["compiled"]
+    name, key, seconds = compiled.split(":")
+    assert name == "my_kernel" and len(key) == 12 and float(seconds) >= 0.02
 
 
 _INTERRUPTIBLE = """

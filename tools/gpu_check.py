@@ -332,31 +332,52 @@ def environment(env: dict[str, str]) -> dict:
     return info
 
 
-# the test files the quick's time breakdown lists
+# the test files and the kernels the quick's time breakdown lists
 TIME_FILES = 12
+TIME_KERNELS = 12
 
 
 def time_breakdown(junit_xml: Path) -> dict | None:
     """Where a pytest run's time went, from its junit XML: seconds summed over the workers, the
     part of them in Triton's JIT compiles (tests/conftest.py records each test's), and the same
-    per test file, largest first; None without the XML (a run cut short writes none)."""
+    per test file, largest first; and per kernel, its distinct specializations and their
+    seconds, and the compiles of a specialization another worker had compiled too (a hit in
+    the shared on-disk cache, or the same compile at the same time). None without the XML (a
+    run cut short writes none)."""
     if not junit_xml.is_file():
         return None
     files: dict[str, list[float]] = {}
+    specs: dict[tuple[str, str], list[float]] = {}  # (kernel, key): each compile's seconds
     for case in ET.parse(junit_xml).getroot().iter("testcase"):
         props = {p.get("name"): p.get("value") for p in case.iter("property")}
         row = files.setdefault(case.get("classname") or "?", [0.0, 0.0, 0])
         row[0] += float(case.get("time") or 0.0)
         row[1] += float(props.get("triton_compile_s") or 0.0)
         row[2] += int(props.get("triton_compiles") or 0)
+        for item in filter(None, (props.get("triton_compiled") or "").split(";")):
+            name, key, seconds = item.rsplit(":", 2)
+            specs.setdefault((name, key), []).append(float(seconds))
     total = [sum(r[i] for r in files.values()) for i in range(3)]
     top = sorted(files.items(), key=lambda kv: -kv[1][0])[:TIME_FILES]
+    kernels: dict[str, list[float]] = {}
+    for (name, _), seconds in specs.items():
+        row = kernels.setdefault(name, [0, 0.0])
+        row[0] += 1
+        row[1] += max(seconds)  # the compile; the others found it compiled or raced it
+    again = [sorted(v)[:-1] for v in specs.values()]
+    top_kernels = sorted(kernels.items(), key=lambda kv: -kv[1][1])[:TIME_KERNELS]
     return {
         "seconds": round(total[0], 1),
         "compile_seconds": round(total[1], 1),
         "compiles": total[2],
         "files": {
             k: {"seconds": round(v[0], 1), "compile_seconds": round(v[1], 1)} for k, v in top
+        },
+        "specializations": len(specs),
+        "compiled_again": sum(len(a) for a in again),
+        "compiled_again_seconds": round(sum(sum(a) for a in again), 1),
+        "kernels": {
+            k: {"specializations": v[0], "compile_seconds": round(v[1], 1)} for k, v in top_kernels
         },
     }
 
@@ -369,6 +390,16 @@ def print_time_breakdown(t: dict) -> None:
     )
     for name, f in t["files"].items():
         print(f"  {f['seconds']:7.0f} s  compiling {f['compile_seconds']:6.0f} s  {name}")
+    if t.get("specializations"):
+        print(
+            f"{t['specializations']} distinct kernel specializations; {t['compiled_again']} "
+            f"compiles ({t['compiled_again_seconds']:.0f} s) of one another worker had compiled"
+        )
+        for name, k in t["kernels"].items():
+            print(
+                f"  {k['compile_seconds']:7.0f} s  {k['specializations']:4d} specializations  "
+                f"{name}"
+            )
 
 
 def main(argv: list[str] | None = None) -> int:
