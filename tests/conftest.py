@@ -73,9 +73,16 @@ def _triton_compile_time(record_property):
 
 
 def _kernel_name(hook_kwargs: dict) -> str:
-    """The compiled function's name from the arguments Triton passes its compile hooks."""
+    """The compiled function's name from the arguments Triton passes its compile hooks, with
+    its first pointer argument's type (q's dtype in this package's kernels: an fp32 variant
+    apart from a bf16 one), e.g. ``sparse_mla_kernel(*bf16)``."""
     fn = hook_kwargs.get("fn")
-    return str(getattr(fn, "name", None) or "?").replace(":", "_").replace(";", "_")
+    name = str(getattr(fn, "name", None) or "?")
+    signature = (hook_kwargs.get("compile") or {}).get("signature") or {}
+    first = next((t for t in signature.values() if isinstance(t, str) and t[:1] == "*"), None)
+    if first:
+        name += f"({first})"
+    return name.replace(":", "_").replace(";", "_")
 
 
 def _key_hash(hook_kwargs: dict) -> str:

@@ -95,11 +95,16 @@ def test_compile_time_fixture_chains_tritons_hooks(_triton_compile_time):
     knobs = pytest.importorskip("triton").knobs.runtime
     assert knobs.jit_cache_hook(key="k") is None  # None: compile, do not skip
     time.sleep(0.02)
-    knobs.jit_post_compile_hook(key="k", fn=types.SimpleNamespace(name="my_kernel"))
+    knobs.jit_post_compile_hook(
+        key="k",
+        fn=types.SimpleNamespace(name="my_kernel"),
+        compile={"signature": {"n": "i32", "Q": "*fp32", "K": "*bf16", "BLOCK": "constexpr"}},
+    )
     assert _triton_compile_time["n"] == 1 and _triton_compile_time["s"] >= 0.02
     (compiled,) = _triton_compile_time["compiled"]
     name, key, seconds = compiled.split(":")
-    assert name == "my_kernel" and len(key) == 12 and float(seconds) >= 0.02
+    # the kernel with its first pointer argument's type (fp32 variants apart)
+    assert name == "my_kernel(*fp32)" and len(key) == 12 and float(seconds) >= 0.02
 
 
 _INTERRUPTIBLE = """
