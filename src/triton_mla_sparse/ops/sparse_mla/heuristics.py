@@ -381,30 +381,19 @@ def choose_config(
     if block_table and cfg.idx_ahead:
         # the same tiles and stages with the in-step loop (what block-table calls have run)
         cfg = dataclasses.replace(cfg, idx_ahead=False)
-    ws = rows_ws_config(
-        dtype,
-        kv_format,
-        arch,
-        num_tokens=num_tokens,
-        num_heads=num_heads,
-        width=width,
-        block_table=block_table,
-        extra_set=extra_set,
-    )
-    if gluon and ws is not None and gluon_available():
-        return ws
-    ampere = ampere_gluon_config(
-        dtype,
-        kv_format,
-        arch,
-        num_tokens=num_tokens,
-        num_heads=num_heads,
-        width=width,
-        block_table=block_table,
-        extra_set=extra_set,
-    )
-    if gluon and ampere is not None and gluon_available():
-        return ampere
+    if gluon:
+        # the Gluon kernels with tiles of their own, where they were timed faster
+        call = dict(
+            num_tokens=num_tokens,
+            num_heads=num_heads,
+            width=width,
+            block_table=block_table,
+            extra_set=extra_set,
+        )
+        for own_tile in (rows_ws_config, ampere_gluon_config):
+            own = own_tile(dtype, kv_format, arch, **call)
+            if own is not None and gluon_available():
+                return own
     form = gluon_form_for(
         cfg,
         dtype,
