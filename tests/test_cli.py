@@ -253,7 +253,8 @@ def test_plan_label_says_what_runs():
     h200, a100 = Arch("cuda", 90, 132), Arch("cuda", 80, 108)
     assert label(h200, "fp8", 128, 64) == "h64 n64 w8 s3 k1 +qmma"
     assert label(h200, "auto", 128, 64) == "h64 n64 w4 s1 k1 +gluon:specialized"
-    assert label(h200, "auto", 4096, 64) == "h64 n64 w8 s3 k1"
+    assert label(h200, "auto", 4096, 64) == "h64 n64 w4 s1 k1 +gluon:specialized"
+    assert label(h200, "auto", 4096, 16) == "h16 n64 w4 s2 k1"
     assert label(a100, "fp8", 128, 16).endswith(" +int")
     assert "+int" not in label(a100, "auto", 128, 16)
     split = label(h200, "fp8_ds_mla", 1, 16)

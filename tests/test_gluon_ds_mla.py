@@ -158,8 +158,10 @@ def test_heuristics_choose_it_where_timed(monkeypatch, version, ds_mla_form):
         assert form == ("ampere" if cc in (80, 89) else None), cc
     assert choose_config(4, 64, 640, torch.bfloat16, "fp8_ds_mla_v4", SM90).gluon is None
     assert choose_config(128, 64, 640, torch.bfloat16, "fp8_ds_mla_v4", SM90).gluon == "specialized"
-    # rows in q's dtype: their own kernel at 64-128 tokens (tests/test_gluon_latent.py)
-    assert choose_config(4096, 64, 2048, torch.bfloat16, "auto", SM90).gluon is None
+    # rows in q's dtype: their own kernel at 64-128 tokens and at prefill from 64 heads, the
+    # Triton tile for prefill below (tests/test_gluon_latent.py)
+    assert choose_config(4096, 64, 2048, torch.bfloat16, "auto", SM90).gluon == "specialized"
+    assert choose_config(4096, 16, 2048, torch.bfloat16, "auto", SM90).gluon is None
 
 
 def test_plan_keeps_the_triton_kernel_where_gluon_cannot_run():

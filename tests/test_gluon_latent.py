@@ -87,11 +87,24 @@ def test_default_at_the_token_counts_timed(tokens, heads):
     )
 
 
+@pytest.mark.parametrize("tokens", [129, 1024, 4096])
+@pytest.mark.parametrize("heads", [64, 96, 128])
+def test_default_at_prefill_from_64_heads(tokens, heads):
+    """bf16 rows and q on sm90 past 128 tokens (prefill), 64 heads or more: the warp-specialized
+    kernel by default, one program per token and head block (timed 1.7-1.9x the Triton tile at
+    1024 and 4096 tokens x 64 and 128 heads under Triton 3.6 and 3.8)."""
+    plan = _plan(num_tokens=tokens, num_heads=heads, config=None)
+    c = plan.config
+    assert plan.family == LATENT_GLUON_WS and c.gluon == "specialized"
+    assert (c.block_h, c.block_n, c.num_warps, c.num_splits) == (64, 64, LATENT_GLUON_WS_WARPS, 1)
+
+
 @pytest.mark.parametrize(
     "why, kw",
     [
         ("16 tokens: not timed", dict(num_tokens=16)),
-        ("prefill: not timed", dict(num_tokens=4096)),
+        ("prefill at 16 heads: timed at 64 and 128 only", dict(num_tokens=4096, num_heads=16)),
+        ("prefill at 32 heads: timed at 64 and 128 only", dict(num_tokens=1024, num_heads=32)),
         ("4 heads: fewer than timed", dict(num_heads=4)),
         ("fp16 q", dict(dtype=torch.float16)),
         ("block table", dict(block_size=64)),
@@ -223,6 +236,19 @@ def ws_kernel_finishes():
     except subprocess.TimeoutExpired:
         pytest.fail(f"the warp-specialized kernel did not finish a small call in {WS_WATCHDOG_S} s")
     assert p.returncode == 0, p.stderr[-3000:]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_GPU, reason="Gluon kernels run on a GPU only")
+@pytest.mark.parametrize("tokens, heads", [(160, 64), (136, 128)])
+def test_default_at_prefill_matches_the_reference(tokens, heads, request):
+    """The heuristics' own choice past 128 tokens (the warp-specialized kernel, a grid of one
+    program per token and head block) against the float64 reference."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma kernels are sm90's")
+    assert _plan(num_tokens=tokens, num_heads=heads, config=None).family == LATENT_GLUON_WS
+    request.getfixturevalue("ws_kernel_finishes")
+    check_latent_rows(None, tokens, heads, 512, 1, 64, False, torch.bfloat16)
 
 
 @pytest.mark.gpu

@@ -68,10 +68,10 @@ INTERRUPT_GRACE_S = 15
 # order (`reliability.py --suite sanitize --list` on sm90; tests/test_reliability_script.py keeps
 # SANITIZE_CASES equal to it). Sized from measured rates on an H200 with 16 cores: compiles ~200 s
 # on a fresh cache; memcheck ~2 cases/s, initcheck ~2.3/s, racecheck ~0.65/s on 16 shards.
-# 1672 cases since bf16 rows run the warp-specialized wgmma kernel at 64-128 tokens (1673 before):
-# four memcheck, four initcheck and seven racecheck parts of these sizes.
+# 1673 cases since bf16 rows run the warp-specialized wgmma kernel at prefill from 64 heads as
+# well as at 64-128 tokens: four memcheck, four initcheck and seven racecheck parts of these sizes.
 SANITIZE_SLICES = {"memcheck": 522, "initcheck": 522, "racecheck": 261}
-SANITIZE_CASES = 1672
+SANITIZE_CASES = 1673
 # FlashMLA's full sparse test grids: too many cases for quick; parts of full, in slices small
 # enough that each ends with pytest's summary of its failures well inside the step's window
 # (5491 cases: 246 DeepSeek-V3.2 decode, 3552 DeepSeek-V4 decode correctness in four slices by

@@ -155,6 +155,8 @@ LATENT_GLUON_WS_WARPS = 4
 LATENT_GLUON_WS_TILE = 64
 # the fewest heads it was timed at in its padded tile (fewer keep the heuristics' other choice)
 LATENT_GLUON_WS_MIN_HEADS = 8
+# past the decode range (prefill) it was timed at 64 and 128 heads only (1024 and 4096 tokens)
+LATENT_GLUON_WS_PREFILL_MIN_HEADS = 64
 # The mma.sync Gluon kernels (kernels/ampere_gluon.py): the targets whose code was timed faster
 # than the Triton kernel's (sm80's and sm89's PTX on an H200), the rows of one step, the decode
 # token counts (inclusive) they were timed at (1, 16, 64 and 128), and their rings: fp8_ds_mla
@@ -492,9 +494,12 @@ def rows_ws_config(
 ) -> KernelConfig | None:
     """The warp-specialized wgmma kernel for rows in q's dtype (KernelConfig(gluon=
     "specialized"), two warpgroups on alternate 64-row steps) where it was timed faster than the
-    heuristics' other choice, else None: sm90, bf16 q and rows, 64-128 tokens, no block table
-    or extra set, 8 heads or more in its 64-head tile (fewer than 64 padded, as vLLM pads them
-    for FlashMLA). Under Triton 3.8 on the H200 (docs/perf-log/53-ws-rows-h200.txt, every row
+    heuristics' other choice, else None: sm90, bf16 q and rows, no block table or extra set, at
+    64-128 tokens 8 heads or more in its 64-head tile (fewer than 64 padded, as vLLM pads them
+    for FlashMLA), past 128 tokens (prefill) 64 heads or more. Prefill on an H100
+    (docs/perf-log/59-targets-and-prefill-h100.txt), against the Triton tile: 3047 / 5303 us
+    at 4096 tokens x 64 heads, 5353 / 10042 at 4096 x 128, 848 / 1471 at 1024 x 64 under
+    Triton 3.8; 2974 / 5452, 5245 / 10041, 841 / 1488 under 3.6. Decode under Triton 3.8 on the H200 (docs/perf-log/53-ws-rows-h200.txt, every row
     checked against float64 first), against the pipelined wgmma kernel at 64-128 heads: 179.7
     / 245.1 us at 128 tokens x 128 heads, 99.3 / 126.2 at 128 x 64, 91.4 / 126.5 at 64 x 128,
     59.7 / 73.7 at 64 x 64; against the Triton tile at 8-16 heads: 87.1 / 94.2 at 128 x 16,
@@ -504,12 +509,13 @@ def rows_ws_config(
     102.2 at 128 x 16, 94.3 / 97.4 at 128 x 8, 57.8 / 59.2 at 64 x 16, 56.1 / 55.8 at 64 x 8
     (level). One program per head block and token is the split count a multiprocessor's worth
     of the grid calls for (twice it was 3-11% slower at 8-16 heads)."""
-    timed = GLUON_TIMED_TOKENS[0] <= num_tokens <= GLUON_TIMED_TOKENS[1]
+    decode = GLUON_TIMED_TOKENS[0] <= num_tokens <= GLUON_TIMED_TOKENS[1]
+    prefill = num_tokens > GLUON_TIMED_TOKENS[1] and num_heads >= LATENT_GLUON_WS_PREFILL_MIN_HEADS
     if not (
         _wgmma(arch)
         and dtype == torch.bfloat16
         and kv_format == "auto"
-        and timed
+        and (decode or prefill)
         and num_heads >= LATENT_GLUON_WS_MIN_HEADS
         and not (block_table or extra_set)
     ):
