@@ -502,9 +502,9 @@ def rows_ws_config(
     Triton 3.8; 2974 / 5452, 5245 / 10041, 841 / 1488 under 3.6. Decode under Triton 3.8 on
     the H200 (docs/perf-log/53-ws-rows-h200.txt, every row checked against float64 first),
     against the pipelined wgmma kernel at 64-128 heads: 179.7 / 245.1 us at 128 tokens x 128
-    heads, 99.3 / 126.2 at 128 x 64, 91.4 / 126.5 at 64 x 128,
-    59.7 / 73.7 at 64 x 64; against the Triton tile at 8-16 heads: 87.1 / 94.2 at 128 x 16,
-    85.8 / 93.0 at 128 x 8, 50.0 / 53.1 at 64 x 16, 47.9 / 51.0 at 64 x 8. Under Triton 3.6
+    heads, 99.3 / 126.2 at 128 x 64, 91.4 / 126.5 at 64 x 128, 59.7 / 73.7 at 64 x 64; against
+    the Triton tile at 8-16 heads: 87.1 / 94.2 at 128 x 16, 85.8 / 93.0 at 128 x 8, 50.0 / 53.1
+    at 64 x 16, 47.9 / 51.0 at 64 x 8. Under Triton 3.6
     on an H100 (docs/perf-log/58-gpu-check-and-schedules-h100.txt): 174.0 / 259.2 at 128 x
     128, 106.0 / 137.5 at 128 x 64, 88.9 / 133.1 at 64 x 128, 69.5 / 81.1 at 64 x 64; 95.5 /
     102.2 at 128 x 16, 94.3 / 97.4 at 128 x 8, 57.8 / 59.2 at 64 x 16, 56.1 / 55.8 at 64 x 8
