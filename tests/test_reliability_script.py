@@ -566,7 +566,7 @@ def test_rows_ws_forces_the_specialized_kernel_where_its_tile_runs(monkeypatch):
     arch = rel.heuristics.Arch("cuda", 90, 132)
     rows = rel.Kind("auto-bf16", torch.bfloat16, "auto")
     rows16 = rel.Kind("auto-fp16", torch.float16, "auto")
-    # (at 64-128 tokens the heuristics choose that kernel themselves)
+    # (at 64-128 tokens, and past 128 from 64 heads, the heuristics choose that kernel themselves)
     taken = [
         rel.Case(rows, t, 64, 2048, layout, True, True)
         for t in (4, 16)

@@ -504,12 +504,12 @@ def rows_ws_config(
     against the pipelined wgmma kernel at 64-128 heads: 179.7 / 245.1 us at 128 tokens x 128
     heads, 99.3 / 126.2 at 128 x 64, 91.4 / 126.5 at 64 x 128, 59.7 / 73.7 at 64 x 64; against
     the Triton tile at 8-16 heads: 87.1 / 94.2 at 128 x 16, 85.8 / 93.0 at 128 x 8, 50.0 / 53.1
-    at 64 x 16, 47.9 / 51.0 at 64 x 8. Under Triton 3.6
-    on an H100 (docs/perf-log/58-gpu-check-and-schedules-h100.txt): 174.0 / 259.2 at 128 x
-    128, 106.0 / 137.5 at 128 x 64, 88.9 / 133.1 at 64 x 128, 69.5 / 81.1 at 64 x 64; 95.5 /
-    102.2 at 128 x 16, 94.3 / 97.4 at 128 x 8, 57.8 / 59.2 at 64 x 16, 56.1 / 55.8 at 64 x 8
-    (level). One program per head block and token is the split count a multiprocessor's worth
-    of the grid calls for (twice it was 3-11% slower at 8-16 heads)."""
+    at 64 x 16, 47.9 / 51.0 at 64 x 8. Under Triton 3.6 on an H100
+    (docs/perf-log/58-gpu-check-and-schedules-h100.txt): 174.0 / 259.2 at 128 x 128, 106.0 /
+    137.5 at 128 x 64, 88.9 / 133.1 at 64 x 128, 69.5 / 81.1 at 64 x 64; 95.5 / 102.2 at 128 x
+    16, 94.3 / 97.4 at 128 x 8, 57.8 / 59.2 at 64 x 16, 56.1 / 55.8 at 64 x 8 (level). One
+    program per head block and token is the split count a multiprocessor's worth of the grid
+    calls for (twice it was 3-11% slower at 8-16 heads)."""
     decode = GLUON_TIMED_TOKENS[0] <= num_tokens <= GLUON_TIMED_TOKENS[1]
     prefill = num_tokens > GLUON_TIMED_TOKENS[1] and num_heads >= LATENT_GLUON_WS_PREFILL_MIN_HEADS
     if not (
