@@ -551,7 +551,8 @@ SWEEPS = {
         gluon_tiles,
     ),
     # fp8_ds_mla and bf16 rows on the sm80 / sm89 paths (--arch) or this GPU: the Triton tile
-    # against the mma.sync Gluon kernels, decode and prefill (--tokens 4096)
+    # against the mma.sync Gluon kernels, decode and prefill (--tokens 4096; fp8_ds_mla also
+    # at 1024 tokens, between the decode counts and 4096)
     "ampere": (
         [
             Case(f"decode T={t} H={h}", t, h, kv_format=fmt)
@@ -562,7 +563,8 @@ SWEEPS = {
         + [
             Case("prefill T=4096 H=64", 4096, 64, rows=65536, kv_format=fmt)
             for fmt in ("fp8_ds_mla", "auto")
-        ],
+        ]
+        + [Case("prefill T=1024 H=64", 1024, 64, rows=65536, kv_format="fp8_ds_mla")],
         ampere_tiles,
     ),
     # fp8_ds_mla and bf16 rows at 16 heads: the mma.sync kernels' 16-head tiles under register
