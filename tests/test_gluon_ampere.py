@@ -25,6 +25,7 @@ from test_sparse_mla import assert_matches, poison_, poison_unused_rows_
 from triton_mla_sparse import KernelConfig, sparse_mla
 from triton_mla_sparse.ops.sparse_mla.heuristics import (
     AMPERE_GLUON_BLOCK_N,
+    AMPERE_GLUON_DS_PREFILL_MIN_HEADS,
     AMPERE_GLUON_DS_RING,
     AMPERE_GLUON_RING,
     AMPERE_GLUON_SPLIT_QK_STEPS,
@@ -135,18 +136,22 @@ def _default_plan(tokens, heads, arch, dtype=torch.bfloat16, fmt="fp8_ds_mla", *
     )
 
 
-@pytest.mark.parametrize("tokens", [1, 4, 15, 16, 64, 100, 128])
+@pytest.mark.parametrize("tokens", [1, 4, 15, 16, 64, 100, 128, 129, 1024, 4096])
 @pytest.mark.parametrize(
     "cc, heads", [(80, 8), (80, 16), (80, 64), (80, 128), (89, 16), (89, 64), (89, 128)]
 )
 def test_default_on_the_paths_timed_faster(tokens, cc, heads):
-    """fp8_ds_mla with bf16 q on sm80 and sm89, decode of 1-128 tokens: the mma.sync kernel by
-    default with one slot of raw rows, in the largest tile the call's heads and the target's
-    shared memory hold (64 heads on sm80, 32 in sm89's 99 KB), half of it below 16 tokens,
-    32-row steps, split as the heuristics split that tile; the plan takes it as it is."""
+    """fp8_ds_mla with bf16 q on sm80 and sm89, decode of 1-128 tokens, and prefill past it
+    from 64 heads: the mma.sync kernel by default with one slot of raw rows, in the largest
+    tile the call's heads and the target's shared memory hold (64 heads on sm80, 32 in sm89's
+    99 KB), half of it below 16 tokens, 32-row steps, split as the heuristics split that tile;
+    the plan takes it as it is. Prefill below 64 heads keeps the Triton kernel."""
     arch = next(a for a in TARGETS if a.backend == "cuda" and a.cc == cc)
     plan = _default_plan(tokens, heads, arch)
     cfg = plan.config
+    if tokens > 128 and heads < AMPERE_GLUON_DS_PREFILL_MIN_HEADS:
+        assert cfg.gluon is None and plan.family != DS_MLA_AMPERE_GLUON
+        return
     widest = {80: 64, 89: 32}[cc]
     block_h = min(widest, max(16, heads))
     if tokens < 16:
@@ -230,11 +235,15 @@ def test_default_on_sm90_at_16_heads(tokens, heads):
 @pytest.mark.parametrize(
     "why, cc, tokens, heads, kw",
     [
-        ("256 tokens: not timed", 89, 256, 64, {}),
+        ("sm86 prefill: not timed", 86, 4096, 64, {}),
+        ("sm90 prefill at 16 heads: not timed", 90, 4096, 16, {}),
+        ("prefill at 32 heads: not timed", 80, 1024, 32, {}),
+        ("rows in q's dtype at prefill", 80, 4096, 64, dict(fmt="auto")),
+        ("rows in q's dtype at prefill, 16 heads", 89, 1024, 16, dict(fmt="auto")),
+        ("prefill in fp16", 89, 4096, 64, dict(dtype=torch.float16)),
         ("sm90, 32 heads: not timed", 90, 128, 32, {}),
         ("sm90, 17 tokens of rows in q's dtype", 90, 17, 16, dict(fmt="auto")),
         ("sm90, 16 heads in fp16", 90, 64, 16, dict(dtype=torch.float16)),
-        ("prefill: not timed", 80, 4096, 64, {}),
         ("sm86: not timed", 86, 64, 64, {}),
         ("sm90, 64 heads: its own kernels", 90, 64, 64, {}),
         ("fp16 q", 80, 64, 64, dict(dtype=torch.float16)),
@@ -719,6 +728,43 @@ def test_the_sm80_and_sm89_code_by_ptx_jit(cc, tile, tmp_path):
     try:
         ptx_jit.check_jit(emu, dev)
         _run_and_check(cache, idx, q, kw, cfg)
+        built = [ptx_jit.describe(k) for k in ptx_jit.loaded(kernel)]
+        assert built and all(b.is_ptx and b.target == f"sm_{cc}" for b in built), built
+        assert all(b.mma == "mma.sync" for b in built), built
+    finally:
+        emu.disable()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_GPU, reason="Gluon kernels run on a GPU only")
+@pytest.mark.parametrize("cc", [80, 89])
+def test_default_at_prefill_by_ptx_jit(cc, tmp_path):
+    """fp8_ds_mla prefill on the sm80 / sm89 paths: the heuristics' own choice (no config
+    given) for 300 tokens x 64 heads, past the decode range, is the mma.sync kernel in that
+    target's tile, and its output matches the reference (code for the target, loaded through
+    the driver's JIT on this newer GPU)."""
+    _needs_sm80()
+    from triton_mla_sparse.ops.sparse_mla import launch
+    from triton_mla_sparse.testing import ptx_jit
+
+    dev = torch.device("cuda")
+    why = ptx_jit.refusal(cc, torch.cuda.get_device_capability(dev), hip=False)
+    if why is not None:
+        pytest.skip(why)
+    tokens, heads, width = 300, 64, 256
+    arch = next(a for a in TARGETS if a.backend == "cuda" and a.cc == cc)
+    cfg = _default_plan(tokens, heads, arch).config
+    widest = {80: 64, 89: 32}[cc]
+    assert (cfg.gluon, cfg.block_h, cfg.num_stages) == ("ampere", widest, AMPERE_GLUON_DS_RING)
+    if not _fits_this_gpu(cfg.block_h, cfg.block_n, cfg.num_stages):
+        pytest.skip("this tile needs more than this GPU's shared memory")
+    g = torch.Generator().manual_seed(cc + tokens)
+    cache, idx, q, kw = _problem(tokens, heads, width, 64, 64, True, g)
+    kernel = launch.FORWARD[DS_MLA_AMPERE_GLUON]
+    emu = ptx_jit.enable(cc, str(tmp_path), reset=launch.launchable_kernels())
+    try:
+        ptx_jit.check_jit(emu, dev)
+        _run_and_check(cache, idx, q, kw, None)
         built = [ptx_jit.describe(k) for k in ptx_jit.loaded(kernel)]
         assert built and all(b.is_ptx and b.target == f"sm_{cc}" for b in built), built
         assert all(b.mma == "mma.sync" for b in built), built

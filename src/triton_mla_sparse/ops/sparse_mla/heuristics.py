@@ -173,6 +173,11 @@ AMPERE_GLUON_BLOCK_N = 32
 AMPERE_GLUON_TOKENS = (1, 128)
 AMPERE_GLUON_DS_RING = 1
 AMPERE_GLUON_RING = 2
+# fp8_ds_mla past the decode range (prefill): the targets where the same tiles were timed faster
+# than the Triton kernel at 1024 and 4096 tokens x 64 heads as well, and the fewest heads (the
+# 64-head timing's tiles; fewer heads run other tiles, not timed at prefill: ampere_gluon_config)
+AMPERE_GLUON_DS_PREFILL_CCS = (80, 89)
+AMPERE_GLUON_DS_PREFILL_MIN_HEADS = 64
 # fp8_ds_mla in the 16-head four-warp tile: the fewest steps a program walks for QK^T split over
 # the latent (KernelConfig.split_qk) to be the default. Timed on the H200 against the unsplit
 # tile, Triton 3.8, 16 heads (docs/perf-log/47-qk-split-h200.txt): 1.05x its time in walks of
@@ -543,7 +548,8 @@ def ampere_gluon_config(
     """The mma.sync Gluon kernel's configuration (KernelConfig.gluon="ampere") for a call, or
     None: bf16 q, no block table or extra set, decode of 1-128 tokens (AMPERE_GLUON_TOKENS), on
     the paths where it was timed faster than the Triton kernel (sm80 and sm89 by PTX JIT; sm90
-    at 16 heads or fewer).
+    at 16 heads or fewer), and fp8_ds_mla prefill from 64 heads on sm80 and sm89
+    (AMPERE_GLUON_DS_PREFILL_CCS, AMPERE_GLUON_DS_PREFILL_MIN_HEADS).
 
     Timed on an H200 as sm80's and sm89's code by PTX JIT, Triton 3.8 (`tune.py --only ampere
     --arch sm80|sm89 --tokens 128,64,16,1`, docs/perf-log/35-ampere-ring-h200.txt; every row
@@ -564,6 +570,17 @@ def ampere_gluon_config(
       tokens, 53.6 / 63.0 at 64, 18.4 / 20.9 at 16, 7.2 / 8.1 at 1. Elsewhere the rows' kernel
       was within 5% of the Triton kernel or slower at 64-128 tokens, so the Triton kernel stays.
 
+    - fp8_ds_mla prefill, the same tiles (one slot; sm80 64 heads, sm89 32), 64 heads, on an
+      H100 (`tune.py --only ampere --arch sm80|sm89 --tokens 4096,1024`,
+      docs/perf-log/60-ampere-ds-prefill-h100.txt): sm80 4096 tokens 8394 against the Triton
+      kernel's 17080 (two slots: 8199), 1024 tokens 2298 / 4678 (two slots: 2184); sm89 4096
+      tokens 8407 / 18922, 1024 tokens 2278 / 5122; at 4096 x 128 heads (more programs of the
+      same tiles; `compare_trees.py`, main against this choice) sm80 15942 / 33228, sm89 16069 /
+      36441. Below 64 heads the tiles differ (16 heads: QK^T split over the latent) and were not
+      timed at prefill, so those calls keep the Triton kernel. Rows in q's dtype at prefill: the
+      Triton kernel within 1% of the best mma.sync tile on sm80 and the fastest on sm89, so it
+      stays.
+
     sm90 natively, Triton 3.8, the previous defaults' tree against this one in one run
     (`benchmarks/perf/compare_trees.py`, docs/perf-log/39-sm90-mma-sync-h200.txt), at 16 heads
     or fewer (AMPERE_GLUON_NARROW_HEADS) in the 16-head tile:
@@ -579,8 +596,8 @@ def ampere_gluon_config(
       in `tune.py --only ampere` (52.9 / 94.2 us at 16 heads), and above 16 heads sm90's own
       kernels did.
 
-    sm86 and sm120 (the sm80 and sm89 instruction sets with 99 KB), prefill and fp16 q were not
-    timed and keep the Triton kernel. Under Triton 3.6 only fp8_ds_mla's two-slot kernel was
+    sm86 and sm120 (the sm80 and sm89 instruction sets with 99 KB), sm90's prefill and fp16 q
+    were not timed and keep the Triton kernel. Under Triton 3.6 only fp8_ds_mla's two-slot kernel was
     timed on the sm80 / sm89 paths, faster than the Triton kernel at 64-128 tokens as under 3.8
     (docs/perf-log/33-gluon-defaults-h200.txt).
     """
@@ -588,14 +605,20 @@ def ampere_gluon_config(
         return None
     cc = int(arch.cc)
     narrow = cc in AMPERE_GLUON_NARROW_CCS
+    ds_mla = kv_format == "fp8_ds_mla"
+    timed_tokens = AMPERE_GLUON_TOKENS[0] <= num_tokens <= AMPERE_GLUON_TOKENS[1] or (
+        ds_mla
+        and cc in AMPERE_GLUON_DS_PREFILL_CCS
+        and num_tokens > AMPERE_GLUON_TOKENS[1]
+        and num_heads >= AMPERE_GLUON_DS_PREFILL_MIN_HEADS
+    )
     if not (
         (cc in AMPERE_GLUON_CCS or narrow)
         and dtype == torch.bfloat16
-        and AMPERE_GLUON_TOKENS[0] <= num_tokens <= AMPERE_GLUON_TOKENS[1]
+        and timed_tokens
         and not (block_table or extra_set)
     ):
         return None
-    ds_mla = kv_format == "fp8_ds_mla"
     if narrow:
         if num_heads > AMPERE_GLUON_NARROW_HEADS:
             return None
