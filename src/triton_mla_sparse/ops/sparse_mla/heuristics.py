@@ -579,7 +579,7 @@ def ampere_gluon_config(
       36441. Below 64 heads the tiles differ (16 heads: QK^T split over the latent) and were not
       timed at prefill, so those calls keep the Triton kernel. Rows in q's dtype at prefill: the
       Triton kernel within 1% of the best mma.sync tile on sm80 and the fastest on sm89, so it
-      stays.
+      stays. Prefill was timed under Triton 3.8 only (checked against float64 under 3.6 too).
 
     sm90 natively, Triton 3.8, the previous defaults' tree against this one in one run
     (`benchmarks/perf/compare_trees.py`, docs/perf-log/39-sm90-mma-sync-h200.txt), at 16 heads
@@ -597,9 +597,9 @@ def ampere_gluon_config(
       kernels did.
 
     sm86 and sm120 (the sm80 and sm89 instruction sets with 99 KB), sm90's prefill and fp16 q
-    were not timed and keep the Triton kernel. Under Triton 3.6 only fp8_ds_mla's two-slot kernel was
-    timed on the sm80 / sm89 paths, faster than the Triton kernel at 64-128 tokens as under 3.8
-    (docs/perf-log/33-gluon-defaults-h200.txt).
+    were not timed and keep the Triton kernel. Under Triton 3.6 only fp8_ds_mla's two-slot
+    kernel was timed on the sm80 / sm89 paths, faster than the Triton kernel at 64-128 tokens as
+    under 3.8 (docs/perf-log/33-gluon-defaults-h200.txt).
     """
     if arch.backend != "cuda":
         return None
