@@ -13,6 +13,7 @@ bit decode sm80 / sm86 run); on an sm90 GPU the sm80 and sm89 code too, by PTX J
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import re
 
@@ -520,6 +521,37 @@ def _needs_sm80():
         pytest.skip("cp.async and mma.sync: an NVIDIA GPU from sm80")
 
 
+def _needs_ptx_jit(cc):
+    """Skip unless this GPU runs sm_<cc>'s code through the driver's JIT (PTX of an older
+    target on a newer NVIDIA GPU)."""
+    _needs_sm80()
+    from triton_mla_sparse.testing import ptx_jit
+
+    why = ptx_jit.refusal(cc, torch.cuda.get_device_capability(), hip=False)
+    if why is not None:
+        pytest.skip(why)
+
+
+@contextlib.contextmanager
+def _mma_sync_by_ptx_jit(cc, tmp_path, family):
+    """Inside: every kernel compiles for sm_<cc> and loads through the driver's JIT. On leaving
+    without an error, each binary of ``family``'s kernel that was loaded is asserted to be that
+    target's PTX with mma.sync."""
+    from triton_mla_sparse.ops.sparse_mla import launch
+    from triton_mla_sparse.testing import ptx_jit
+
+    kernel = launch.FORWARD[family]
+    emu = ptx_jit.enable(cc, str(tmp_path), reset=launch.launchable_kernels())
+    try:
+        ptx_jit.check_jit(emu, torch.device("cuda"))
+        yield
+        built = [ptx_jit.describe(k) for k in ptx_jit.loaded(kernel)]
+        assert built and all(b.is_ptx and b.target == f"sm_{cc}" for b in built), built
+        assert all(b.mma == "mma.sync" for b in built), built
+    finally:
+        emu.disable()
+
+
 # (tokens, heads, width, splits, page, rope, sink): every page form, rope or none, a sink or
 # none, one pass or split-K, each twice
 SCENARIOS = [
@@ -700,14 +732,7 @@ def test_the_sm80_and_sm89_code_by_ptx_jit(cc, tile, tmp_path):
     the two-slot ring, and the one-slot ring in the tile it serves each (two 16-head programs
     per sm80 multiprocessor, 32 heads in an L40S's 99 KB), also with twice the warps, and the
     16-head tile with QK^T split over the latent (KernelConfig.split_qk)."""
-    _needs_sm80()
-    from triton_mla_sparse.ops.sparse_mla import launch
-    from triton_mla_sparse.testing import ptx_jit
-
-    dev = torch.device("cuda")
-    why = ptx_jit.refusal(cc, torch.cuda.get_device_capability(dev), hip=False)
-    if why is not None:
-        pytest.skip(why)
+    _needs_ptx_jit(cc)
     g = torch.Generator().manual_seed(cc)
     cache, idx, q, kw = _problem(5, 40, 1000, 64, 64, True, g)
     bh, bn, w, ring = tile[:4]
@@ -723,16 +748,8 @@ def test_the_sm80_and_sm89_code_by_ptx_jit(cc, tile, tmp_path):
         num_splits=3,
         split_qk=split_qk,
     )
-    kernel = launch.FORWARD[DS_MLA_AMPERE_GLUON]
-    emu = ptx_jit.enable(cc, str(tmp_path), reset=launch.launchable_kernels())
-    try:
-        ptx_jit.check_jit(emu, dev)
+    with _mma_sync_by_ptx_jit(cc, tmp_path, DS_MLA_AMPERE_GLUON):
         _run_and_check(cache, idx, q, kw, cfg)
-        built = [ptx_jit.describe(k) for k in ptx_jit.loaded(kernel)]
-        assert built and all(b.is_ptx and b.target == f"sm_{cc}" for b in built), built
-        assert all(b.mma == "mma.sync" for b in built), built
-    finally:
-        emu.disable()
 
 
 @pytest.mark.gpu
@@ -743,14 +760,7 @@ def test_default_at_prefill_by_ptx_jit(cc, tmp_path):
     given) for 300 tokens x 64 heads, past the decode range, is the mma.sync kernel in that
     target's tile, and its output matches the reference (code for the target, loaded through
     the driver's JIT on this newer GPU)."""
-    _needs_sm80()
-    from triton_mla_sparse.ops.sparse_mla import launch
-    from triton_mla_sparse.testing import ptx_jit
-
-    dev = torch.device("cuda")
-    why = ptx_jit.refusal(cc, torch.cuda.get_device_capability(dev), hip=False)
-    if why is not None:
-        pytest.skip(why)
+    _needs_ptx_jit(cc)
     tokens, heads, width = 300, 64, 256
     arch = next(a for a in TARGETS if a.backend == "cuda" and a.cc == cc)
     cfg = _default_plan(tokens, heads, arch).config
@@ -760,16 +770,8 @@ def test_default_at_prefill_by_ptx_jit(cc, tmp_path):
         pytest.skip("this tile needs more than this GPU's shared memory")
     g = torch.Generator().manual_seed(cc + tokens)
     cache, idx, q, kw = _problem(tokens, heads, width, 64, 64, True, g)
-    kernel = launch.FORWARD[DS_MLA_AMPERE_GLUON]
-    emu = ptx_jit.enable(cc, str(tmp_path), reset=launch.launchable_kernels())
-    try:
-        ptx_jit.check_jit(emu, dev)
+    with _mma_sync_by_ptx_jit(cc, tmp_path, DS_MLA_AMPERE_GLUON):
         _run_and_check(cache, idx, q, kw, None)
-        built = [ptx_jit.describe(k) for k in ptx_jit.loaded(kernel)]
-        assert built and all(b.is_ptx and b.target == f"sm_{cc}" for b in built), built
-        assert all(b.mma == "mma.sync" for b in built), built
-    finally:
-        emu.disable()
 
 
 @pytest.mark.gpu
@@ -818,25 +820,10 @@ def test_latent_rows_sm80_and_sm89_code_by_ptx_jit(cc, split_qk, tmp_path):
     """kv_format "auto"'s 16-head tile as Triton builds it for an A100 and an L40S, split over
     the latent and not, loaded through the driver's JIT on this newer GPU, against the
     reference."""
-    _needs_sm80()
-    from triton_mla_sparse.ops.sparse_mla import launch
-    from triton_mla_sparse.testing import ptx_jit
-
-    dev = torch.device("cuda")
-    why = ptx_jit.refusal(cc, torch.cuda.get_device_capability(dev), hip=False)
-    if why is not None:
-        pytest.skip(why)
+    _needs_ptx_jit(cc)
     cfg = dataclasses.replace(AMPERE_LATENT, num_splits=3, split_qk=split_qk)
-    kernel = launch.FORWARD[LATENT_AMPERE_GLUON]
-    emu = ptx_jit.enable(cc, str(tmp_path), reset=launch.launchable_kernels())
-    try:
-        ptx_jit.check_jit(emu, dev)
+    with _mma_sync_by_ptx_jit(cc, tmp_path, LATENT_AMPERE_GLUON):
         check_latent_rows(cfg, 5, 40, 1000, 64, 64, True, torch.bfloat16)
-        built = [ptx_jit.describe(k) for k in ptx_jit.loaded(kernel)]
-        assert built and all(b.is_ptx and b.target == f"sm_{cc}" for b in built), built
-        assert all(b.mma == "mma.sync" for b in built), built
-    finally:
-        emu.disable()
 
 
 def check_latent_rows(cfg, tokens, heads, width, page, rope, sink, dtype):
