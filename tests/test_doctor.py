@@ -160,16 +160,17 @@ def test_kernel_lines_are_the_plan(arch, kv):
 
 def test_kernel_lines_name_the_mma_form():
     """fp8_ds_mla at 128 heads on sm90: fp16 MMAs with folded scales in staged tiles; on sm80
-    at 16 heads the packed integer decode (prefill: decode runs the mma.sync Gluon kernel);
-    per-tensor fp8 at 128 heads on sm90: bf16 MMAs."""
+    at 8 heads the packed integer decode (prefill below 16 heads: decode and wider prefill run
+    the mma.sync Gluon kernel); per-tensor fp8 at 128 heads on sm90: bf16 MMAs."""
     ds = kernel.kernel_lines((9, 0), 128, "fp8_ds_mla")
     assert all(
         "fp16 MMAs, scales folded into the tile, tiles dequantized once through shared memory"
         in line
         for line in ds[1:]
     )
-    sm80 = kernel.kernel_lines((8, 0), 16, "fp8_ds_mla")
+    sm80 = kernel.kernel_lines((8, 0), 8, "fp8_ds_mla")
     assert "prefill" in sm80[-1] and "packed integer decode" in sm80[-1]
+    assert all("ds_mla_ampere_gluon kernel" in line for line in sm80[1:-1])
     fp8 = kernel.kernel_lines((9, 0), 128, "fp8_e4m3")
     assert all(line.endswith("; bf16 MMAs") for line in fp8[1:])
 

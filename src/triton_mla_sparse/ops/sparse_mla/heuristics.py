@@ -174,10 +174,11 @@ AMPERE_GLUON_TOKENS = (1, 128)
 AMPERE_GLUON_DS_RING = 1
 AMPERE_GLUON_RING = 2
 # fp8_ds_mla past the decode range (prefill): the targets where the same tiles were timed faster
-# than the Triton kernel at 1024 and 4096 tokens x 64 heads as well, and the fewest heads (the
-# 64-head timing's tiles; fewer heads run other tiles, not timed at prefill: ampere_gluon_config)
+# than the Triton kernel at 4096 tokens x 16, 32, 64 and 128 heads (1024 x 64 too), and the
+# fewest heads timed there (the 16-head tile with QK^T split over the latent; fewer heads were
+# not timed at prefill and keep the Triton kernel: ampere_gluon_config)
 AMPERE_GLUON_DS_PREFILL_CCS = (80, 89)
-AMPERE_GLUON_DS_PREFILL_MIN_HEADS = 64
+AMPERE_GLUON_DS_PREFILL_MIN_HEADS = 16
 # fp8_ds_mla in the 16-head four-warp tile: the fewest steps a program walks for QK^T split over
 # the latent (KernelConfig.split_qk) to be the default. Timed on the H200 against the unsplit
 # tile, Triton 3.8, 16 heads (docs/perf-log/47-qk-split-h200.txt): 1.05x its time in walks of
@@ -548,7 +549,7 @@ def ampere_gluon_config(
     """The mma.sync Gluon kernel's configuration (KernelConfig.gluon="ampere") for a call, or
     None: bf16 q, no block table or extra set, decode of 1-128 tokens (AMPERE_GLUON_TOKENS), on
     the paths where it was timed faster than the Triton kernel (sm80 and sm89 by PTX JIT; sm90
-    at 16 heads or fewer), and fp8_ds_mla prefill from 64 heads on sm80 and sm89
+    at 16 heads or fewer), and fp8_ds_mla prefill from 16 heads on sm80 and sm89
     (AMPERE_GLUON_DS_PREFILL_CCS, AMPERE_GLUON_DS_PREFILL_MIN_HEADS).
 
     Timed on an H200 as sm80's and sm89's code by PTX JIT, Triton 3.8 (`tune.py --only ampere
@@ -576,10 +577,17 @@ def ampere_gluon_config(
       kernel's 17080 (two slots: 8199), 1024 tokens 2298 / 4678 (two slots: 2184); sm89 4096
       tokens 8407 / 18922, 1024 tokens 2278 / 5122; at 4096 x 128 heads (more programs of the
       same tiles; `compare_trees.py`, main against this choice) sm80 15942 / 33228, sm89 16069 /
-      36441. Below 64 heads the tiles differ (16 heads: QK^T split over the latent) and were not
-      timed at prefill, so those calls keep the Triton kernel. Rows in q's dtype at prefill: the
-      Triton kernel within 1% of the best mma.sync tile on sm80 and the fastest on sm89, so it
-      stays. Prefill was timed under Triton 3.8 only (checked against float64 under 3.6 too).
+      36441. At 16 and 32 heads (the 16-head tile with QK^T split over the latent, and the
+      32-head tile; `compare_trees.py`, main against this choice, under Triton 3.8 / 3.6,
+      docs/perf-log/61-ampere-ds-prefill-heads-h100.txt): 4096 x 16 sm80 3468 / 3660 against
+      4797 / 5227, sm89 3114 / 3445 against 5222 / 5398; 4096 x 32 sm80 4554 / 4969 against
+      8131 / 8437, sm89 4589 / 4805 against 8446 / 7693 (0.54-0.72x). Fewer heads were not timed
+      at prefill and keep the Triton kernel. Two ring slots at prefill (sm80's 64-head tile fits
+      them) ran 1.02-1.03x one slot's time under 3.8 and 1.09-1.16x under 3.6 at 4096 x 64 / 128,
+      so prefill keeps the decode ring. The 64- and 128-head tiles were timed against the Triton
+      kernel under Triton 3.8 only (checked against float64 under 3.6 too). Rows in q's dtype
+      at prefill: the Triton kernel within 1% of the best mma.sync tile on sm80 and the fastest
+      on sm89, so it stays.
 
     sm90 natively, Triton 3.8, the previous defaults' tree against this one in one run
     (`benchmarks/perf/compare_trees.py`, docs/perf-log/39-sm90-mma-sync-h200.txt), at 16 heads
