@@ -143,10 +143,10 @@ def _default_plan(tokens, heads, arch, dtype=torch.bfloat16, fmt="fp8_ds_mla", *
 )
 def test_default_on_the_paths_timed_faster(tokens, cc, heads):
     """fp8_ds_mla with bf16 q on sm80 and sm89, decode of 1-128 tokens, and prefill past it
-    from 64 heads: the mma.sync kernel by default with one slot of raw rows, in the largest
+    from 16 heads: the mma.sync kernel by default with one slot of raw rows, in the largest
     tile the call's heads and the target's shared memory hold (64 heads on sm80, 32 in sm89's
     99 KB), half of it below 16 tokens, 32-row steps, split as the heuristics split that tile;
-    the plan takes it as it is. Prefill below 64 heads keeps the Triton kernel."""
+    the plan takes it as it is. Prefill below 16 heads keeps the Triton kernel."""
     arch = next(a for a in TARGETS if a.backend == "cuda" and a.cc == cc)
     plan = _default_plan(tokens, heads, arch)
     cfg = plan.config
