@@ -122,6 +122,15 @@ def test_plan_refuses_what_it_does_not_run(why, kw, word):
     assert word in str(e.value), why
 
 
+# fp8_ds_mla's widest mma.sync tile (heads) in the target's shared memory: sm80's 163 KB holds
+# 64 heads, sm89's 99 KB 32
+WIDEST_DS_TILE = {80: 64, 89: 32}
+
+
+def _cuda_target(cc):
+    return next(a for a in TARGETS if a.backend == "cuda" and a.cc == cc)
+
+
 def _default_plan(tokens, heads, arch, dtype=torch.bfloat16, fmt="fp8_ds_mla", **kw):
     return make_plan(
         num_tokens=tokens,
@@ -147,14 +156,13 @@ def test_default_on_the_paths_timed_faster(tokens, cc, heads):
     tile the call's heads and the target's shared memory hold (64 heads on sm80, 32 in sm89's
     99 KB), half of it below 16 tokens, 32-row steps, split as the heuristics split that tile;
     the plan takes it as it is. Prefill below 16 heads keeps the Triton kernel."""
-    arch = next(a for a in TARGETS if a.backend == "cuda" and a.cc == cc)
+    arch = _cuda_target(cc)
     plan = _default_plan(tokens, heads, arch)
     cfg = plan.config
     if tokens > 128 and heads < AMPERE_GLUON_DS_PREFILL_MIN_HEADS:
         assert cfg.gluon is None and plan.family != DS_MLA_AMPERE_GLUON
         return
-    widest = {80: 64, 89: 32}[cc]
-    block_h = min(widest, max(16, heads))
+    block_h = min(WIDEST_DS_TILE[cc], max(16, heads))
     if tokens < 16:
         block_h = max(16, block_h // 2)
     assert plan.family == DS_MLA_AMPERE_GLUON
@@ -184,7 +192,7 @@ def test_rows_default_on_sm89_at_16_heads(tokens, heads):
     """Rows in q's dtype (bf16) on sm89 with 16 heads or fewer: the mma.sync kernel, 16-head
     tile, two slots; QK^T split over the latent where a program walks at least
     ROWS_SPLIT_QK_STEPS steps (at 128 tokens, not at 64 or fewer)."""
-    arch = next(a for a in TARGETS if a.backend == "cuda" and a.cc == 89)
+    arch = _cuda_target(89)
     plan = _default_plan(tokens, heads, arch, fmt="auto")
     cfg = plan.config
     assert plan.family == LATENT_AMPERE_GLUON
@@ -206,7 +214,7 @@ def test_default_on_sm90_at_16_heads(tokens, heads):
     the latent where a program walks at least AMPERE_GLUON_SPLIT_QK_STEPS steps: from 15
     tokens on) and for rows in q's dtype up to 16 tokens (two slots), split as the heuristics
     split that tile."""
-    arch = next(a for a in TARGETS if a.backend == "cuda" and a.cc == 90)
+    arch = _cuda_target(90)
     for fmt, family, ring in (
         ("fp8_ds_mla", DS_MLA_AMPERE_GLUON, AMPERE_GLUON_DS_RING),
         ("auto", LATENT_AMPERE_GLUON, AMPERE_GLUON_RING),
@@ -256,7 +264,7 @@ def test_default_on_sm90_at_16_heads(tokens, heads):
     ],
 )
 def test_not_the_default_elsewhere(why, cc, tokens, heads, kw):
-    arch = next(a for a in TARGETS if a.backend == "cuda" and a.cc == cc)
+    arch = _cuda_target(cc)
     assert _default_plan(tokens, heads, arch, **kw).config.gluon != "ampere", why
 
 
@@ -764,9 +772,9 @@ def test_default_at_prefill_by_ptx_jit(cc, heads, tmp_path):
     driver's JIT on this newer GPU)."""
     _needs_ptx_jit(cc)
     tokens, width = 300, 256
-    arch = next(a for a in TARGETS if a.backend == "cuda" and a.cc == cc)
+    arch = _cuda_target(cc)
     cfg = _default_plan(tokens, heads, arch).config
-    block_h = min(heads, {80: 64, 89: 32}[cc])
+    block_h = min(heads, WIDEST_DS_TILE[cc])
     assert (cfg.gluon, cfg.block_h, cfg.num_stages) == ("ampere", block_h, AMPERE_GLUON_DS_RING)
     assert cfg.split_qk == (block_h == 16)
     if not _fits_this_gpu(cfg.block_h, cfg.block_n, cfg.num_stages, split_qk=cfg.split_qk):
