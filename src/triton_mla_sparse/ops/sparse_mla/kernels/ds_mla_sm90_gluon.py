@@ -183,12 +183,16 @@ def _gather(
 
 
 @gluon.jit
-def _step_scales(scale_slot, SC_DQ_LAYOUT: gl.constexpr):
+def _step_scales(scale_slot, SC_DQ_LAYOUT: gl.constexpr, SC_MAX_LAYOUT: gl.constexpr = None):
     # a step's reference scale (its largest chunk scale rounded up to a power of two,
     # _pow2_ref) and every chunk scale relative to it; also the largest scale (0 where no row
-    # has one)
+    # has one). With SC_MAX_LAYOUT (every warp holding all rows' scales) the largest scale is
+    # found within each warp, without an exchange between warps (the same value: max is exact)
     b_sc = scale_slot.load(SC_DQ_LAYOUT)
-    b_cmax = gl.max(gl.max(b_sc, 1), 0)
+    if SC_MAX_LAYOUT is None:
+        b_cmax = gl.max(gl.max(b_sc, 1), 0)
+    else:
+        b_cmax = gl.max(gl.max(scale_slot.load(SC_MAX_LAYOUT), 1), 0)
     b_ref = _pow2_ref(b_cmax)
     # (times the exact reciprocal of a power of two: the quotient, without a division each)
     return b_sc * (1.0 / b_ref), b_ref, b_cmax
@@ -485,6 +489,9 @@ def sparse_mla_ds_mla_sm90_gluon_kernel(
     # picking a chunk's scale needs no data movement between threads
     SC_DQ_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [8, 1], [1, 0])
     Q_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [8, 1], [1, 0])
+    # every warp holds all 64 rows' four scales (two rows a lane, the eight warps replicating
+    # the tile), so the step's largest scale needs no exchange between warps (a CTA barrier)
+    SC_MAX_LAYOUT: gl.constexpr = gl.BlockedLayout([2, 4], [32, 1], [1, 8], [1, 0])
     # shared layouts: MMA operands swizzled for wgmma, the raw bytes plain
     MMA_SMEM: gl.constexpr = gl.NVMMASharedLayout(
         swizzle_byte_width=128, element_bitwidth=16, rank=2
@@ -514,6 +521,9 @@ def sparse_mla_ds_mla_sm90_gluon_kernel(
     scale_ring = gl.allocate_shared_memory(gl.float32, [2, BLOCK_N, NUM_CHUNKS], SCALE_SMEM)
     rope_ring = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, 64], MMA_SMEM)
     k_s = gl.allocate_shared_memory(gl.float16, [BLOCK_N, L], MMA_SMEM)
+    # P in fp16: each warpgroup writes its half of the key columns, both read all of them for
+    # PV (one barrier; convert_layout's scratch took P across in two rounds, four barriers)
+    p_s = gl.allocate_shared_memory(gl.float16, [BLOCK_H, BLOCK_N], MMA_SMEM)
 
     w_lo, w_hi, n_steps = _split_range(
         Counts, i_t, i_s, W, split_len, stride_ct, BLOCK_N, HAS_COUNTS
@@ -521,7 +531,12 @@ def sparse_mla_ds_mla_sm90_gluon_kernel(
     qk_scale = sm_scale * LOG2E
 
     b_m = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
-    b_l = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
+    # the row sums per warpgroup (S's key columns as two halves of 32, one a warpgroup), added
+    # once after the loop: summed within a warpgroup, a step's sums need no exchange (barrier)
+    b_l2 = gl.sum(
+        gl.reshape(gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=S_LAYOUT), [BLOCK_H, 2, 32]),
+        2,
+    )
     b_o = gl.zeros([BLOCK_H, L], gl.float32, layout=O_LAYOUT)
     b_ref = 1.0
 
@@ -571,7 +586,7 @@ def sparse_mla_ds_mla_sm90_gluon_kernel(
         async_copy.wait_group(0)  # this step's rows are in
         _BARRIER()
 
-        b_rel, b_ref_new, _ = _step_scales(scale_ring.index(slot), SC_DQ_LAYOUT)
+        b_rel, b_ref_new, _ = _step_scales(scale_ring.index(slot), SC_DQ_LAYOUT, SC_MAX_LAYOUT)
         _dequant_chunks(nope_ring.index(slot), b_rel, k_s, DQ_LAYOUT, SC_DQ_LAYOUT)
         fence_async_shared()
         _BARRIER()
@@ -624,19 +639,25 @@ def sparse_mla_ds_mla_sm90_gluon_kernel(
         b_m_use = gl.where(b_m_new == float("-inf"), 0.0, b_m_new)
         b_alpha = gl.exp2(b_m - b_m_use)
         b_p = gl.exp2(b_s - b_m_use[:, None])
-        b_l = b_l * b_alpha + gl.sum(b_p, 1)
+        b_alpha2 = gl.convert_layout(
+            b_alpha, gl.SliceLayout(1, b_l2.type.layout), assert_trivial=True
+        )
+        b_l2 = b_l2 * b_alpha2[:, None] + gl.sum(gl.reshape(b_p, [BLOCK_H, 2, 32]), 2)
         b_m = b_m_new
         # the accumulator stays in units of the reference scale
         b_alpha = b_alpha * (b_ref / b_ref_new)
         b_ref = b_ref_new
 
-        # PV: one chain into O, one wait (K is rewritten only after it)
+        # PV: one chain into O, one wait (K is rewritten only after it). P crosses to the other
+        # warpgroup through p_s; its next write comes after the next step's first barrier.
         b_alpha_o = gl.convert_layout(b_alpha, gl.SliceLayout(1, O_LAYOUT))
         b_o = b_o * b_alpha_o[:, None]
-        b_pd = gl.convert_layout(b_p.to(gl.float16), P_LAYOUT)
-        b_o = warpgroup_mma(b_pd, k_s, b_o, is_async=True)
+        p_s.store(b_p.to(gl.float16))
+        _BARRIER()
+        b_o = warpgroup_mma(p_s.load(P_LAYOUT), k_s, b_o, is_async=True)
         b_o = warpgroup_mma_wait(num_outstanding=0, deps=(b_o,))
     async_copy.wait_group(0)
+    b_l = gl.convert_layout(gl.sum(b_l2, 1), gl.SliceLayout(1, S_LAYOUT))
 
     _store_result(
         b_o,
