@@ -372,7 +372,7 @@ def test_compiles_for_sm80_to_sm90(cc, tmp_path):
             continue
         # RoPE 64, as the estimate assumes (DeepSeek-V3.2's rows)
         qr = key.endswith("qr")
-        smem = ampere_gluon_smem(bh, bn, ring, fmt, qr, split_qk)
+        smem = ampere_gluon_smem(bh, bn, ring, fmt, qr, split_qk, num_warps=int(key.split("-")[2]))
         assert kernel["shared"] == smem, (key, kernel)
         if qr or split_qk:
             continue

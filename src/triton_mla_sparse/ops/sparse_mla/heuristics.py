@@ -35,6 +35,7 @@ __all__ = [
     "gluon_available",
     "ampere_gluon_config",
     "ampere_gluon_smem",
+    "ampere_gluon_warps",
     "gluon_form_for",
     "max_block_h",
     "num_splits_for",
@@ -655,7 +656,7 @@ def ampere_gluon_config(
         return None
     programs = num_tokens * -(-num_heads // block_h)
     splits = num_splits_for(programs, width, AMPERE_GLUON_BLOCK_N, arch.num_sms, block_h)
-    num_warps = 8 if block_h >= 64 else 4
+    num_warps = ampere_gluon_warps(block_h)
     per_split = split_len_for(width, splits, AMPERE_GLUON_BLOCK_N)[0]
     return KernelConfig(
         block_h,
@@ -678,6 +679,11 @@ def splits_qk(block_h: int, num_warps: int) -> bool:
     return block_h == 16 and num_warps == SPLIT_QK_WARPS
 
 
+def ampere_gluon_warps(block_h: int) -> int:
+    """The warps of a mma.sync Gluon program of ``block_h`` heads (KernelConfig.num_warps)."""
+    return 8 if block_h >= 64 else 4
+
+
 def ampere_gluon_smem(
     block_h: int,
     block_n: int,
@@ -685,18 +691,21 @@ def ampere_gluon_smem(
     kv_format: str = "fp8_ds_mla",
     q_rope_in_registers: bool = False,
     split_qk: bool = False,
+    num_warps: int | None = None,
 ) -> int:
     """Bytes of shared memory a mma.sync Gluon kernel (kernels/ampere_gluon.py) takes in a tile
     of ``block_h`` heads and ``block_n`` rows with ``ring`` slots of gathered rows
-    (KernelConfig.num_stages). fp8_ds_mla: the raw rows with their four fp32 scales per slot,
-    two slots of RoPE values, the fp16 K tile, and then either q in fp16 and its RoPE part and
-    a scratch (16-head tiles exchange S between the warps in fp32, wider ones convert P's
-    layout in 16 bits) or, with ``split_qk`` (KernelConfig.split_qk: q in registers), the four
-    partial S tiles in fp32 and the rows' validity. Rows in q's dtype (kv_format "auto"): q,
-    the rows the MMAs read where they land, and P's scratch (with ``split_qk``, the rows, the
-    four partial S tiles and the rows' validity). tests/test_gluon_ampere.py checks
-    it against the compiler's figure. ``q_rope_in_registers``: q's RoPE part is not in shared
-    memory (KernelConfig.q_rope_in_registers)."""
+    (KernelConfig.num_stages) in ``num_warps`` warps (default: ampere_gluon_warps). fp8_ds_mla:
+    the raw rows with their four fp32 scales per slot, two slots of RoPE values, the fp16 K
+    tile, two slots of the rows' validity, and then either q in fp16 and its RoPE part and a
+    scratch (16-head tiles exchange S between the warps in fp32; tiles whose warps split S's
+    columns hold P in a 16-bit tile of its own and exchange each row's max in fp32) or, with
+    ``split_qk`` (KernelConfig.split_qk: q in registers), the four partial S tiles in fp32.
+    Rows in q's dtype (kv_format "auto"): q, the rows the MMAs read where they land, and P's
+    scratch (with ``split_qk``, the rows, the four partial S tiles and the rows' validity).
+    tests/test_gluon_ampere.py checks it against the compiler's figure under Triton 3.6 and
+    3.8. ``q_rope_in_registers``: q's RoPE part is not in shared memory
+    (KernelConfig.q_rope_in_registers)."""
     latent, rope, scale_bytes = 512, 64, 4 * 4
     q = block_h * (latent + (0 if q_rope_in_registers else rope)) * 2
     if kv_format == "auto":
@@ -706,10 +715,19 @@ def ampere_gluon_smem(
         return q + rows + block_h * block_n * 2
     raw = ring * block_n * (latent + scale_bytes) + 2 * block_n * rope * 2
     k_tile = block_n * latent * 2
+    validity = 2 * block_n
     if split_qk:
-        return raw + k_tile + SPLIT_QK_WARPS * block_h * block_n * 4 + block_n
+        return raw + k_tile + SPLIT_QK_WARPS * block_h * block_n * 4 + validity
+    # the kernel's MMA layout: warps over the 16-row head groups first, the rest over S's
+    # columns
+    warps = ampere_gluon_warps(block_h) if num_warps is None else num_warps
+    warps_m = min(warps, block_h // 16)
+    warps_n = warps // warps_m
+    if warps_m > 1 and warps_n > 1:
+        p_tile, row_max_scratch = block_h * block_n * 2, block_h * warps_n * 4
+        return q + raw + k_tile + validity + p_tile + row_max_scratch
     scratch = block_h * block_n * (4 if block_h == 16 else 2)
-    return q + raw + k_tile + scratch
+    return q + raw + k_tile + validity + scratch
 
 
 def _wgmma(arch: Arch) -> bool:

@@ -430,6 +430,14 @@ def sparse_mla_ds_mla_ampere_gluon_kernel(
         vec=8, per_phase=1, max_phase=4, order=[2, 1, 0]
     )
     RAW_SMEM: gl.constexpr = gl.SwizzledSharedLayout(vec=16, per_phase=1, max_phase=1, order=[1, 0])
+    # tiles whose warps split S's columns as well as its rows: a row's max and sum and P's move
+    # into PV's operand layout cross warps there
+    COLS_SPLIT: gl.constexpr = (not SPLIT_QK) and WARPS_M > 1 and WARPS_N > 1
+    # the step's largest scale: every warp loads all BLOCK_N rows' four scales (a row a lane)
+    # and reduces them itself, instead of a reduction across the warps through shared memory
+    # (a barrier a step)
+    SC_MAX_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 4], [32, 1], [1, gl.num_warps()], [1, 0])
+    VALID_SMEM: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
     SCALE_SMEM: gl.constexpr = gl.SwizzledSharedLayout(
         vec=4, per_phase=1, max_phase=1, order=[1, 0]
     )
@@ -478,6 +486,15 @@ def sparse_mla_ds_mla_ampere_gluon_kernel(
     else:
         rope_ring = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, 64], OP_SMEM)
         k_s = gl.allocate_shared_memory(gl.float16, [BLOCK_N, L], OP_SMEM)
+    # the rows' validity, a slot per RoPE slot: stored as each gather is issued and read in
+    # S's column layout after the step's first barrier (a convert_layout through the scratch
+    # would take barriers of its own)
+    v_s = gl.allocate_shared_memory(gl.int8, [2, BLOCK_N], VALID_SMEM)
+    if COLS_SPLIT:
+        # P on its way into PV's operand layout: one barrier between its store and the
+        # ldmatrix, where convert_layout through the scratch takes two (its store waits
+        # behind the row max's exchange)
+        p_s = gl.allocate_shared_memory(gl.float16, [BLOCK_H, BLOCK_N], OP_SMEM)
 
     w_lo, w_hi, n_steps = _split_range(
         Counts, i_t, i_s, W, split_len, stride_ct, BLOCK_N, HAS_COUNTS
@@ -490,6 +507,10 @@ def sparse_mla_ds_mla_ampere_gluon_kernel(
         b_o3 = gl.zeros([NUM_CHUNKS, BLOCK_H, KW], gl.float32, layout=MMA3)
     else:
         b_o = gl.zeros([BLOCK_H, L], gl.float32, layout=MMA)
+    if COLS_SPLIT:
+        # the row sums kept per key column and reduced once after the loop (a row's sum across
+        # the column warps would take two barriers a step)
+        b_lacc = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=S_ROWS)
     b_ref = 1.0
 
     m_next = _gather_ds(
@@ -516,11 +537,11 @@ def sparse_mla_ds_mla_ampere_gluon_kernel(
         SPLIT_QK,
     )
     async_copy.commit_group()
+    v_s.index(0).store(m_next.to(gl.int8))
     for i_step in range(n_steps):
         slot = i_step % RING  # the raw rows' and scales' slot
         r_slot = i_step % 2  # the RoPE values'
         w0 = w_lo + i_step * BLOCK_N
-        m_n = m_next
         if RING == 2:
             # every thread is past its reads of the other slot (the previous step) before it
             # refills
@@ -549,6 +570,7 @@ def sparse_mla_ds_mla_ampere_gluon_kernel(
                 SPLIT_QK,
             )
             async_copy.commit_group()
+            v_s.index(1 - r_slot).store(m_next.to(gl.int8))
             async_copy.wait_group(1)  # this step's rows are in
         else:
             async_copy.wait_group(0)  # this step's rows are in (the only gather in flight)
@@ -556,10 +578,26 @@ def sparse_mla_ds_mla_ampere_gluon_kernel(
         # K tile and of the RoPE slot the next gather refills (and, SPLIT_QK, of the partial
         # S tiles)
         _BARRIER()
+        if R > 0:
+            # the RoPE product first: its read of the ring's RoPE slot then precedes the barrier
+            # after the dequantization, behind which the next gather refills the other slot (read
+            # after it, the membar pass sees one buffer and puts a barrier between them)
+            if SPLIT_QK:
+                b_srp = gl.zeros([NUM_CHUNKS, BLOCK_H, BLOCK_N], gl.float32, layout=MMA3)
+                b_krb = rope_ring.index(r_slot).permute((0, 2, 1)).load(B3_OP)
+                b_srp = mma_v2(b_qra3, b_krb.to(b_qra3.dtype), b_srp)
+            else:
+                b_sr = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=MMA)
+                if not QR_REGS:
+                    b_qra = qr_s.load(A_OP)
+                b_krb = rope_ring.index(r_slot).permute((1, 0)).load(B_OP)
+                b_sr = mma_v2(b_qra, b_krb.to(b_qra.dtype), b_sr)
+        m_s = v_s.index(r_slot).load(gl.SliceLayout(0, S_ROWS)) != 0
 
         # the step's scales: its largest is the reference the tile is dequantized against
         b_sc = scale_ring.index(slot).load(SC_DQ_LAYOUT)
-        b_ref_new = _pow2_ref(gl.max(gl.max(b_sc, 1), 0))
+        b_scm = scale_ring.index(slot).load(SC_MAX_LAYOUT)
+        b_ref_new = _pow2_ref(gl.max(gl.max(b_scm, 1), 0))
         # e4m3 x (scale / reference) formed in fp16, two values per packed multiply: the e4m3
         # values are exact in fp16, so with the ratio exact there too (power-of-two scales) the
         # product is the fp32 one's rounding bit for bit
@@ -604,6 +642,7 @@ def sparse_mla_ds_mla_ampere_gluon_kernel(
                 SPLIT_QK,
             )
             async_copy.commit_group()
+            v_s.index(1 - r_slot).store(m_next.to(gl.int8))
 
         # QK^T: the NoPE product in fp16 (units of the reference) over 64-wide slices of the
         # latent, the rope product in its own accumulator
@@ -614,30 +653,25 @@ def sparse_mla_ds_mla_ampere_gluon_kernel(
             b_sp = mma_v2(b_qa3, k_s.permute((0, 2, 1)).load(B3_OP), b_sp)
             b_sp = b_sp * b_ref_new
             if R > 0:
-                b_srp = gl.zeros([NUM_CHUNKS, BLOCK_H, BLOCK_N], gl.float32, layout=MMA3)
-                b_krb = rope_ring.index(r_slot).permute((0, 2, 1)).load(B3_OP)
-                b_sp = b_sp + mma_v2(b_qra3, b_krb.to(b_qra3.dtype), b_srp)
+                b_sp = b_sp + b_srp
             b_s = _sum_partial_s(s_parts, b_sp, MMA3)
         else:
             b_sn = _qk_nope(q_s, k_s, BLOCK_H, BLOCK_N, L, QK_CHAINS, MMA, A_OP, B_OP)
             b_s = b_sn * b_ref_new
             if R > 0:
-                b_sr = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=MMA)
-                if not QR_REGS:
-                    b_qra = qr_s.load(A_OP)
-                b_krb = rope_ring.index(r_slot).permute((1, 0)).load(B_OP)
-                b_sr = mma_v2(b_qra, b_krb.to(b_qra.dtype), b_sr)
                 b_s = b_s + b_sr
             b_s = gl.convert_layout(b_s, S_ROWS)
 
         # the online softmax step over the valid rows (their validity kept from the gather)
-        m_s = gl.convert_layout(m_n, gl.SliceLayout(0, S_ROWS))
         b_s = gl.where(m_s[None, :], b_s * qk_scale, float("-inf"))
         b_m_new = gl.maximum(b_m, gl.max(b_s, 1))
         b_m_use = gl.where(b_m_new == float("-inf"), 0.0, b_m_new)
         b_alpha = gl.exp2(b_m - b_m_use)
         b_p = gl.exp2(b_s - b_m_use[:, None])
-        b_l = b_l * b_alpha + gl.sum(b_p, 1)
+        if COLS_SPLIT:
+            b_lacc = b_lacc * b_alpha[:, None] + b_p
+        else:
+            b_l = b_l * b_alpha + gl.sum(b_p, 1)
         b_m = b_m_new
         # the accumulator stays in units of the reference scale
         b_alpha = b_alpha * (b_ref / b_ref_new)
@@ -650,10 +684,17 @@ def sparse_mla_ds_mla_ampere_gluon_kernel(
             b_o3 = _pv_chunks(b_o3, b_p.to(gl.float16), k_s, A3_OP, B3_OP)
         else:
             b_o = b_o * gl.convert_layout(b_alpha, gl.SliceLayout(1, MMA))[:, None]
-            b_pa = gl.convert_layout(b_p.to(gl.float16), A_OP)
+            if COLS_SPLIT:
+                p_s.store(b_p.to(gl.float16))
+                _BARRIER()
+                b_pa = p_s.load(A_OP)
+            else:
+                b_pa = gl.convert_layout(b_p.to(gl.float16), A_OP)
             b_vb = k_s.load(B_OP)
             b_o = mma_v2(b_pa, b_vb, b_o)
     async_copy.wait_group(0)
+    if COLS_SPLIT:
+        b_l = gl.sum(b_lacc, 1)
     if SPLIT_QK:
         # the chunks side by side: [BLOCK_H, L] in the other tiles' layout
         b_o = gl.convert_layout(gl.reshape(gl.permute(b_o3, (1, 0, 2)), [BLOCK_H, L]), MMA)
