@@ -253,7 +253,12 @@ def test_ampere_sweep_plans_on_the_path(tune, monkeypatch, cc):
             assert heads == {16, 32, 64}, (cc, case)
         for c in cfgs[1:]:
             smem = ampere_gluon_smem(
-                c.block_h, c.block_n, c.num_stages, case.kv_format, split_qk=c.split_qk
+                c.block_h,
+                c.block_n,
+                c.num_stages,
+                case.kv_format,
+                split_qk=c.split_qk,
+                num_warps=c.num_warps,
             )
             assert smem <= arch.smem_bytes
         # both formats' 16-head four-warp tiles, split over the latent and not
@@ -290,7 +295,10 @@ def test_wide_tile_sweep_plans_on_the_sm80_and_sm89_paths(tune, monkeypatch, cc)
         ring = 1 if case.kv_format == "fp8_ds_mla" else 2
         for c in rest:
             assert c.gluon == "ampere" and c.num_stages == ring and c.block_h in (32, 64)
-            assert ampere_gluon_smem(c.block_h, c.block_n, ring, case.kv_format) <= arch.smem_bytes
+            smem = ampere_gluon_smem(
+                c.block_h, c.block_n, ring, case.kv_format, num_warps=c.num_warps
+            )
+            assert smem <= arch.smem_bytes
             assert c.max_registers in (None, 128)
             assert c.max_registers is None or (c.block_h, c.num_warps) == (32, 8)
         if case.kv_format == "fp8_ds_mla":  # 32 heads in one slot fit both paths

@@ -305,7 +305,10 @@ def ampere_tiles(c: Case) -> list[KernelConfig]:
     for block_h, block_n, warps, ring in tiles:
         if block_h > 16 and c.heads <= 16:
             continue
-        if ampere_gluon_smem(block_h, block_n, ring, c.kv_format) > arch.smem_bytes:
+        if (
+            ampere_gluon_smem(block_h, block_n, ring, c.kv_format, num_warps=warps)
+            > arch.smem_bytes
+        ):
             continue
         cfg = ampere_config(c, arch, block_h, block_n, warps, ring)
         out.append(cfg)
@@ -354,7 +357,9 @@ def ampere_reg_tiles(c: Case) -> list[KernelConfig]:
     ]
     out = [default]
     for (block_h, block_n, warps), cap, qr, split in variants:
-        smem = ampere_gluon_smem(block_h, block_n, ring, c.kv_format, qr, split_qk=split)
+        smem = ampere_gluon_smem(
+            block_h, block_n, ring, c.kv_format, qr, split_qk=split, num_warps=warps
+        )
         if smem > arch.smem_bytes:
             continue
         splits = num_splits_for(c.tokens, c.topk, block_n, arch.num_sms, block_h)
@@ -401,7 +406,10 @@ def ampere_wide_tiles(c: Case) -> list[KernelConfig]:
     ring = 1 if c.kv_format == "fp8_ds_mla" else 2
     out = [default]
     for (block_h, block_n, warps), caps in AMPERE_WIDE_SWEEP_TILES:
-        if ampere_gluon_smem(block_h, block_n, ring, c.kv_format) > arch.smem_bytes:
+        if (
+            ampere_gluon_smem(block_h, block_n, ring, c.kv_format, num_warps=warps)
+            > arch.smem_bytes
+        ):
             continue
         for cap in (None, *caps):
             cfg = ampere_config(c, arch, block_h, block_n, warps, ring, max_registers=cap)

@@ -558,7 +558,7 @@ def ampere_gluon_config(
     checked against float64 first), us, the chosen tile against the Triton kernel's default:
 
     - fp8_ds_mla, one slot of raw rows, the largest tile of 16 / 32 / 64 heads the call's heads
-      and the target's shared memory hold (sm80: 64, sm89: 32 in 94.5 KB), half of it below 16
+      and the target's shared memory hold (sm80: 64, sm89: 32 in 94.8 KB), half of it below 16
       tokens (split-K already fills the GPU there; the shorter programs won):
       sm80 128 x 16 125.7 against 164.2 (139.0 with two slots), 128 x 64 264.6 / 581.3,
       128 x 128 516.6 / 1129.6, 64 x 16 87.9 / 113.9, 64 x 64 147.7 / 295.6, 64 x 128 259.9 /
