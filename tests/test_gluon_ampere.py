@@ -364,7 +364,7 @@ def test_compiles_for_sm80_to_sm90(cc, tmp_path):
         family = "latent" if "auto" in key else "ds_mla"
         kernel = res[f"sparse_mla_{family}_ampere_gluon_kernel"]
         assert "error" not in kernel, (key, kernel)
-        bh, bn = (int(x) for x in key.split("-")[:2])
+        bh, bn, warps = (int(x) for x in key.split("-")[:3])
         ring = 1 if "ring1" in key else 2
         split_qk = "split" in key
         fmt = "auto" if family == "latent" else "fp8_ds_mla"
@@ -372,7 +372,7 @@ def test_compiles_for_sm80_to_sm90(cc, tmp_path):
             continue
         # RoPE 64, as the estimate assumes (DeepSeek-V3.2's rows)
         qr = key.endswith("qr")
-        smem = ampere_gluon_smem(bh, bn, ring, fmt, qr, split_qk, num_warps=int(key.split("-")[2]))
+        smem = ampere_gluon_smem(bh, bn, ring, fmt, qr, split_qk, num_warps=warps)
         assert kernel["shared"] == smem, (key, kernel)
         if qr or split_qk:
             continue
