@@ -824,6 +824,7 @@ def _ws_mma(
     LsePart,
     q_s,
     qr_s,
+    p_s,
     k_ring,
     kr_ring,
     ref_ring,
@@ -861,9 +862,19 @@ def _ws_mma(
         version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16]
     )
     P_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2)
-    REF: gl.constexpr = gl.BlockedLayout([1], [32], [8], [0])
+    # every warp reads the whole reference vector (all its values are the step's reference),
+    # so its maximum needs no exchange between warps
+    REF: gl.constexpr = gl.BlockedLayout([BLOCK_N // 32], [32], [8], [0])
     b_m = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
-    b_l = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
+    # the row sums per warpgroup (S's key columns as two halves, one a warpgroup), added once
+    # after the loop: summed within a warpgroup, a step's sums need no exchange (barrier)
+    b_l2 = gl.sum(
+        gl.reshape(
+            gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=S_LAYOUT),
+            [BLOCK_H, 2, BLOCK_N // 2],
+        ),
+        2,
+    )
     b_o = gl.zeros([BLOCK_H, L], gl.float32, layout=O_LAYOUT)
     b_ref = 1.0
     for i_step in range(n_steps):
@@ -886,17 +897,25 @@ def _ws_mma(
         b_m_use = gl.where(b_m_new == float("-inf"), 0.0, b_m_new)
         b_alpha = gl.exp2(b_m - b_m_use)
         b_p = gl.exp2(b_s - b_m_use[:, None])
-        b_l = b_l * b_alpha + gl.sum(b_p, 1)
+        b_alpha2 = gl.convert_layout(
+            b_alpha, gl.SliceLayout(1, b_l2.type.layout), assert_trivial=True
+        )
+        b_l2 = b_l2 * b_alpha2[:, None] + gl.sum(gl.reshape(b_p, [BLOCK_H, 2, BLOCK_N // 2]), 2)
         b_m = b_m_new
         b_alpha = b_alpha * (b_ref / b_ref_new)
         b_ref = b_ref_new
         b_alpha_o = gl.convert_layout(b_alpha, gl.SliceLayout(1, O_LAYOUT))
         b_o = b_o * b_alpha_o[:, None]
-        b_pd = gl.convert_layout(b_p.to(gl.float16), P_LAYOUT)
-        b_o = warpgroup_mma(b_pd, k_slot, b_o, is_async=True)
+        # P crosses to the other warpgroup through p_s (one barrier; convert_layout's scratch
+        # took it across in two rounds, four barriers); its next write comes after this step's
+        # last barrier
+        p_s.store(b_p.to(gl.float16))
+        _BARRIER()
+        b_o = warpgroup_mma(p_s.load(P_LAYOUT), k_slot, b_o, is_async=True)
         b_o = warpgroup_mma_wait(num_outstanding=0, deps=(b_o,))
-        _BARRIER()  # both warpgroups are done with the slot before it is handed back
+        _BARRIER()  # both warpgroups are done with the slot (and P) before it is handed back
         mbarrier.arrive(empty.index(slot))
+    b_l = gl.convert_layout(gl.sum(b_l2, 1), gl.SliceLayout(1, S_LAYOUT))
 
     _store_result(
         b_o,
@@ -1041,6 +1060,8 @@ def sparse_mla_ds_mla_sm90_gluon_ws_kernel(
     k_ring = gl.allocate_shared_memory(gl.float16, [2, BLOCK_N, L], MMA_SMEM)
     kr_ring = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, 64], MMA_SMEM)
     ref_ring = gl.allocate_shared_memory(gl.float32, [2, BLOCK_N], REF_SMEM)
+    # P in fp16 on its way from S's layout (each warpgroup half of the key columns) to PV's
+    p_s = gl.allocate_shared_memory(gl.float16, [BLOCK_H, BLOCK_N], MMA_SMEM)
     ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(2):
@@ -1066,6 +1087,7 @@ def sparse_mla_ds_mla_sm90_gluon_ws_kernel(
                     LsePart,
                     q_s,
                     qr_s,
+                    p_s,
                     k_ring,
                     kr_ring,
                     ref_ring,
