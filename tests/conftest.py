@@ -105,10 +105,16 @@ def compile_ahead(jobs: dict, workdir: Path, asm_dir: Path | None = None) -> dic
     """Compile ``jobs`` (tests/aot_compile.py's job dicts by key) ahead of time in a fresh
     process under the installed Triton, without the interpreter; return its results by key.
     ``asm_dir``: where it writes each kernel's PTX (TMS_ASM_DIR)."""
+    import triton_mla_sparse
+
     here = Path(__file__).resolve().parent
     (workdir / "jobs.json").write_text(json.dumps(jobs))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(here.parent / "src"), env.get("PYTHONPATH", "")])
+    # the package this process imported, not this checkout's src: a test run against another
+    # source tree (PYTHONPATH=OTHER/src) must compile that tree's kernels, which its own
+    # figures (the shared-memory formulas, the heuristics) describe
+    package_root = Path(triton_mla_sparse.__file__).resolve().parents[1]
+    env["PYTHONPATH"] = os.pathsep.join([str(package_root), env.get("PYTHONPATH", "")])
     if asm_dir is not None:
         asm_dir.mkdir(exist_ok=True)
         env["TMS_ASM_DIR"] = str(asm_dir)

@@ -868,12 +868,9 @@ def _ws_mma(
     b_m = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
     # the row sums per warpgroup (S's key columns as two halves, one a warpgroup), added once
     # after the loop: summed within a warpgroup, a step's sums need no exchange (barrier)
+    L2_SHAPE: gl.constexpr = [BLOCK_H, 2, BLOCK_N // 2]
     b_l2 = gl.sum(
-        gl.reshape(
-            gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=S_LAYOUT),
-            [BLOCK_H, 2, BLOCK_N // 2],
-        ),
-        2,
+        gl.reshape(gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=S_LAYOUT), L2_SHAPE), 2
     )
     b_o = gl.zeros([BLOCK_H, L], gl.float32, layout=O_LAYOUT)
     b_ref = 1.0
@@ -900,7 +897,7 @@ def _ws_mma(
         b_alpha2 = gl.convert_layout(
             b_alpha, gl.SliceLayout(1, b_l2.type.layout), assert_trivial=True
         )
-        b_l2 = b_l2 * b_alpha2[:, None] + gl.sum(gl.reshape(b_p, [BLOCK_H, 2, BLOCK_N // 2]), 2)
+        b_l2 = b_l2 * b_alpha2[:, None] + gl.sum(gl.reshape(b_p, L2_SHAPE), 2)
         b_m = b_m_new
         b_alpha = b_alpha * (b_ref / b_ref_new)
         b_ref = b_ref_new
