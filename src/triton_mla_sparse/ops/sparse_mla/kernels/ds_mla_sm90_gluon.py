@@ -183,6 +183,29 @@ def _gather(
 
 
 @gluon.jit
+def _row_sums_init(BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, S_LAYOUT: gl.constexpr):
+    # the softmax's row sums kept per warpgroup ([BLOCK_H, 2]: S's key columns as two halves,
+    # one a warpgroup) and added once after the loop (_row_sums_total): summed within a
+    # warpgroup, a step's sums need no exchange between the warpgroups (a CTA barrier)
+    b_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=S_LAYOUT)
+    return gl.sum(gl.reshape(b_zero, [BLOCK_H, 2, BLOCK_N // 2]), 2)
+
+
+@gluon.jit
+def _row_sums_step(b_l2, b_alpha, b_p):
+    # the online softmax's row-sum update, b_l = b_l * alpha + sum(P), per warpgroup half
+    BLOCK_H: gl.constexpr = b_p.shape[0]
+    BLOCK_N: gl.constexpr = b_p.shape[1]
+    b_alpha2 = gl.convert_layout(b_alpha, gl.SliceLayout(1, b_l2.type.layout), assert_trivial=True)
+    return b_l2 * b_alpha2[:, None] + gl.sum(gl.reshape(b_p, [BLOCK_H, 2, BLOCK_N // 2]), 2)
+
+
+@gluon.jit
+def _row_sums_total(b_l2, S_LAYOUT: gl.constexpr):
+    return gl.convert_layout(gl.sum(b_l2, 1), gl.SliceLayout(1, S_LAYOUT))
+
+
+@gluon.jit
 def _step_scales(scale_slot, SC_DQ_LAYOUT: gl.constexpr, SC_MAX_LAYOUT: gl.constexpr = None):
     # a step's reference scale (its largest chunk scale rounded up to a power of two,
     # _pow2_ref) and every chunk scale relative to it; also the largest scale (0 where no row
@@ -531,12 +554,7 @@ def sparse_mla_ds_mla_sm90_gluon_kernel(
     qk_scale = sm_scale * LOG2E
 
     b_m = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
-    # the row sums per warpgroup (S's key columns as two halves, one a warpgroup), added once
-    # after the loop: summed within a warpgroup, a step's sums need no exchange (barrier)
-    L2_SHAPE: gl.constexpr = [BLOCK_H, 2, BLOCK_N // 2]
-    b_l2 = gl.sum(
-        gl.reshape(gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=S_LAYOUT), L2_SHAPE), 2
-    )
+    b_l2 = _row_sums_init(BLOCK_H, BLOCK_N, S_LAYOUT)
     b_o = gl.zeros([BLOCK_H, L], gl.float32, layout=O_LAYOUT)
     b_ref = 1.0
 
@@ -639,10 +657,7 @@ def sparse_mla_ds_mla_sm90_gluon_kernel(
         b_m_use = gl.where(b_m_new == float("-inf"), 0.0, b_m_new)
         b_alpha = gl.exp2(b_m - b_m_use)
         b_p = gl.exp2(b_s - b_m_use[:, None])
-        b_alpha2 = gl.convert_layout(
-            b_alpha, gl.SliceLayout(1, b_l2.type.layout), assert_trivial=True
-        )
-        b_l2 = b_l2 * b_alpha2[:, None] + gl.sum(gl.reshape(b_p, L2_SHAPE), 2)
+        b_l2 = _row_sums_step(b_l2, b_alpha, b_p)
         b_m = b_m_new
         # the accumulator stays in units of the reference scale
         b_alpha = b_alpha * (b_ref / b_ref_new)
@@ -657,7 +672,7 @@ def sparse_mla_ds_mla_sm90_gluon_kernel(
         b_o = warpgroup_mma(p_s.load(P_LAYOUT), k_s, b_o, is_async=True)
         b_o = warpgroup_mma_wait(num_outstanding=0, deps=(b_o,))
     async_copy.wait_group(0)
-    b_l = gl.convert_layout(gl.sum(b_l2, 1), gl.SliceLayout(1, S_LAYOUT))
+    b_l = _row_sums_total(b_l2, S_LAYOUT)
 
     _store_result(
         b_o,
@@ -866,12 +881,7 @@ def _ws_mma(
     # so its maximum needs no exchange between warps
     REF: gl.constexpr = gl.BlockedLayout([BLOCK_N // 32], [32], [8], [0])
     b_m = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
-    # the row sums per warpgroup (S's key columns as two halves, one a warpgroup), added once
-    # after the loop: summed within a warpgroup, a step's sums need no exchange (barrier)
-    L2_SHAPE: gl.constexpr = [BLOCK_H, 2, BLOCK_N // 2]
-    b_l2 = gl.sum(
-        gl.reshape(gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=S_LAYOUT), L2_SHAPE), 2
-    )
+    b_l2 = _row_sums_init(BLOCK_H, BLOCK_N, S_LAYOUT)
     b_o = gl.zeros([BLOCK_H, L], gl.float32, layout=O_LAYOUT)
     b_ref = 1.0
     for i_step in range(n_steps):
@@ -894,10 +904,7 @@ def _ws_mma(
         b_m_use = gl.where(b_m_new == float("-inf"), 0.0, b_m_new)
         b_alpha = gl.exp2(b_m - b_m_use)
         b_p = gl.exp2(b_s - b_m_use[:, None])
-        b_alpha2 = gl.convert_layout(
-            b_alpha, gl.SliceLayout(1, b_l2.type.layout), assert_trivial=True
-        )
-        b_l2 = b_l2 * b_alpha2[:, None] + gl.sum(gl.reshape(b_p, L2_SHAPE), 2)
+        b_l2 = _row_sums_step(b_l2, b_alpha, b_p)
         b_m = b_m_new
         b_alpha = b_alpha * (b_ref / b_ref_new)
         b_ref = b_ref_new
@@ -912,7 +919,7 @@ def _ws_mma(
         b_o = warpgroup_mma_wait(num_outstanding=0, deps=(b_o,))
         _BARRIER()  # both warpgroups are done with the slot (and P) before it is handed back
         mbarrier.arrive(empty.index(slot))
-    b_l = gl.convert_layout(gl.sum(b_l2, 1), gl.SliceLayout(1, S_LAYOUT))
+    b_l = _row_sums_total(b_l2, S_LAYOUT)
 
     _store_result(
         b_o,
