@@ -29,6 +29,8 @@ from triton_mla_sparse.ops.sparse_mla.heuristics import (
     AMPERE_GLUON_DS_PREFILL_MIN_HEADS,
     AMPERE_GLUON_DS_RING,
     AMPERE_GLUON_RING,
+    AMPERE_GLUON_ROWS_WIDE_HEADS,
+    AMPERE_GLUON_ROWS_WIDE_MIN_TOKENS,
     AMPERE_GLUON_SPLIT_QK_STEPS,
     ROWS_SPLIT_QK_STEPS,
     TARGETS,
@@ -206,6 +208,27 @@ def test_rows_default_on_sm89_at_16_heads(tokens, heads):
         assert not cfg.split_qk
 
 
+@pytest.mark.parametrize("tokens", [16, 64, 128])
+@pytest.mark.parametrize("heads", [64, 96, 128])
+def test_rows_default_on_sm80_at_64_heads_and_more(tokens, heads):
+    """Rows in q's dtype (bf16) on sm80 with 64 heads or more at 16-128 tokens: the mma.sync
+    kernel's 64-head tile, eight warps, 32-row steps, two slots, within sm80's shared memory;
+    fewer tokens or heads, and sm89, keep the Triton kernel (test_not_the_default_elsewhere)."""
+    arch = _cuda_target(80)
+    plan = _default_plan(tokens, heads, arch, fmt="auto")
+    cfg = plan.config
+    assert plan.family == LATENT_AMPERE_GLUON
+    assert (cfg.gluon, cfg.block_h, cfg.block_n, cfg.num_warps, cfg.num_stages) == (
+        "ampere",
+        AMPERE_GLUON_ROWS_WIDE_HEADS,
+        AMPERE_GLUON_BLOCK_N,
+        8,
+        AMPERE_GLUON_RING,
+    )
+    smem = ampere_gluon_smem(cfg.block_h, cfg.block_n, cfg.num_stages, "auto", num_warps=8)
+    assert smem <= arch.smem_bytes
+
+
 @pytest.mark.parametrize("tokens", [1, 4, 15, 16, 64, 128])
 @pytest.mark.parametrize("heads", [8, 16])
 def test_default_on_sm90_at_16_heads(tokens, heads):
@@ -258,6 +281,9 @@ def test_default_on_sm90_at_16_heads(tokens, heads):
         ("fp16 q", 80, 64, 64, dict(dtype=torch.float16)),
         ("rows in q's dtype on sm80", 80, 64, 16, dict(fmt="auto")),
         ("rows in q's dtype, 64 heads", 89, 64, 64, dict(fmt="auto")),
+        ("rows in q's dtype on sm80, 48 heads: not timed", 80, 64, 48, dict(fmt="auto")),
+        ("rows in q's dtype on sm80, 64 heads, 8 tokens: not timed", 80, 8, 64, dict(fmt="auto")),
+        ("rows in q's dtype on sm86, 64 heads", 86, 64, 64, dict(fmt="auto")),
         ("block table", 80, 64, 64, dict(block_size=64)),
         ("extra set", 89, 64, 64, dict(extra_width=128)),
         ("cache not 16-byte aligned", 80, 64, 64, dict(cache_aligned=False)),
@@ -835,6 +861,21 @@ def test_latent_rows_sm80_and_sm89_code_by_ptx_jit(cc, split_qk, tmp_path):
     cfg = dataclasses.replace(AMPERE_LATENT, num_splits=3, split_qk=split_qk)
     with _mma_sync_by_ptx_jit(cc, tmp_path, LATENT_AMPERE_GLUON):
         check_latent_rows(cfg, 5, 40, 1000, 64, 64, True, torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_GPU, reason="Gluon kernels run on a GPU only")
+@pytest.mark.parametrize("heads", [64, 96])
+def test_latent_rows_sm80_default_at_64_heads_by_ptx_jit(heads, tmp_path):
+    """Rows in q's dtype on the sm80 path at 64 heads or more: the heuristics' own choice (no
+    config given) is the mma.sync kernel's 64-head tile, and its output matches the reference
+    (96 heads: a padded second program per token; sm80's code through the driver's JIT)."""
+    _needs_ptx_jit(80)
+    tokens = AMPERE_GLUON_ROWS_WIDE_MIN_TOKENS
+    cfg = _default_plan(tokens, heads, _cuda_target(80), fmt="auto").config
+    assert (cfg.gluon, cfg.block_h) == ("ampere", AMPERE_GLUON_ROWS_WIDE_HEADS)
+    with _mma_sync_by_ptx_jit(80, tmp_path, LATENT_AMPERE_GLUON):
+        check_latent_rows(None, tokens, heads, 1000, 64, 64, True, torch.bfloat16)
 
 
 def check_latent_rows(cfg, tokens, heads, width, page, rope, sink, dtype):

@@ -180,6 +180,12 @@ AMPERE_GLUON_RING = 2
 # not timed at prefill and keep the Triton kernel: ampere_gluon_config)
 AMPERE_GLUON_DS_PREFILL_CCS = (80, 89)
 AMPERE_GLUON_DS_PREFILL_MIN_HEADS = 16
+# Rows in q's dtype at many heads: the targets whose code ran faster in the 64-head two-slot
+# tile than in the Triton kernel (sm80's PTX on an H100; sm89's 32 x 16 tile was slower), the
+# fewest heads and tokens timed there (64 heads, 16 tokens; up to AMPERE_GLUON_TOKENS[1])
+AMPERE_GLUON_ROWS_WIDE_CCS = (80,)
+AMPERE_GLUON_ROWS_WIDE_HEADS = 64
+AMPERE_GLUON_ROWS_WIDE_MIN_TOKENS = 16
 # fp8_ds_mla in the 16-head four-warp tile: the fewest steps a program walks for QK^T split over
 # the latent (KernelConfig.split_qk) to be the default. Timed on the H200 against the unsplit
 # tile, Triton 3.8, 16 heads (docs/perf-log/47-qk-split-h200.txt): 1.05x its time in walks of
@@ -570,7 +576,14 @@ def ampere_gluon_config(
       176.2, 1 x 16 8.0 / 8.3, 1 x 64 (16 heads) 11.6 / 19.4, 1 x 128 (16 heads) 14.2 / 22.3.
     - rows in q's dtype on sm89 with 16 heads or fewer, two slots: 98.0 against 111.7 at 128
       tokens, 53.6 / 63.0 at 64, 18.4 / 20.9 at 16, 7.2 / 8.1 at 1. Elsewhere the rows' kernel
-      was within 5% of the Triton kernel or slower at 64-128 tokens, so the Triton kernel stays.
+      was within 5% of the Triton kernel or slower at 64-128 tokens, so the Triton kernel stays,
+      except:
+    - rows in q's dtype on sm80 at 64 heads or more and 16-128 tokens, the 64-head tile with
+      two slots, since its step has 4 CTA barriers instead of 9 (PERFORMANCE.md log entry 65;
+      on an H100, Triton 3.8, `compare_trees.py`, main against this choice): 43.8 against
+      51.7 at 16 x 64, 117.1 / 132.5 at 64 x 64, 203.8 / 236.9 at 128 x 64, 80.6 / 90.4 at
+      16 x 128, 204.7 / 224.1 at 64 x 128, 403.2 / 437.8 at 128 x 128. On the sm89 path the
+      same kernel in its 32 x 16 tile ran 1.03-1.24x the Triton kernel's time there.
 
     - fp8_ds_mla prefill, the same tiles (one slot; sm80 64 heads, sm89 32), 64 heads, on an
       H100 (`tune.py --only ampere --arch sm80|sm89 --tokens 4096,1024`,
@@ -652,6 +665,13 @@ def ampere_gluon_config(
             block_h = max(16, block_h // 2)
     elif kv_format == "auto" and cc == 89 and num_heads <= 16:
         ring, block_h = AMPERE_GLUON_RING, 16
+    elif (
+        kv_format == "auto"
+        and cc in AMPERE_GLUON_ROWS_WIDE_CCS
+        and num_heads >= AMPERE_GLUON_ROWS_WIDE_HEADS
+        and AMPERE_GLUON_ROWS_WIDE_MIN_TOKENS <= num_tokens <= AMPERE_GLUON_TOKENS[1]
+    ):
+        ring, block_h = AMPERE_GLUON_RING, AMPERE_GLUON_ROWS_WIDE_HEADS
     else:
         return None
     programs = num_tokens * -(-num_heads // block_h)
@@ -695,29 +715,27 @@ def ampere_gluon_smem(
 ) -> int:
     """Bytes of shared memory a mma.sync Gluon kernel (kernels/ampere_gluon.py) takes in a tile
     of ``block_h`` heads and ``block_n`` rows with ``ring`` slots of gathered rows
-    (KernelConfig.num_stages) in ``num_warps`` warps (default: ampere_gluon_warps). fp8_ds_mla:
-    the raw rows with their four fp32 scales per slot, two slots of RoPE values, the fp16 K
-    tile, two slots of the rows' validity, and then either q in fp16 and its RoPE part and a
-    scratch (16-head tiles exchange S between the warps in fp32; tiles whose warps split S's
-    columns hold P in a 16-bit tile of its own and exchange each row's max in fp32) or, with
-    ``split_qk`` (KernelConfig.split_qk: q in registers), the four partial S tiles in fp32.
-    Rows in q's dtype (kv_format "auto"): q, the rows the MMAs read where they land, and P's
-    scratch (with ``split_qk``, the rows, the four partial S tiles and the rows' validity).
-    tests/test_gluon_ampere.py checks it against the compiler's figure under Triton 3.6 and
-    3.8. ``q_rope_in_registers``: q's RoPE part is not in shared memory
+    (KernelConfig.num_stages) in ``num_warps`` warps (default: ampere_gluon_warps). Both
+    formats keep two slots of the rows' validity. fp8_ds_mla: the raw rows with their four fp32
+    scales per slot, two slots of RoPE values and the fp16 K tile; rows in q's dtype (kv_format
+    "auto"): the rows the MMAs read where they land. Then either q (fp8_ds_mla's in fp16) with
+    its RoPE part and a scratch (16-head tiles exchange S between the warps in fp32, wider ones
+    whose warps do not split S's columns convert P's layout in 16 bits; tiles whose warps
+    split S's columns hold P in a 16-bit tile of its own and exchange each row's max in fp32)
+    or, with ``split_qk`` (KernelConfig.split_qk: q in registers), the four partial S tiles in
+    fp32. tests/test_gluon_ampere.py checks it against the compiler's figure under Triton 3.6
+    and 3.8. ``q_rope_in_registers``: q's RoPE part is not in shared memory
     (KernelConfig.q_rope_in_registers)."""
     latent, rope, scale_bytes = 512, 64, 4 * 4
     q = block_h * (latent + (0 if q_rope_in_registers else rope)) * 2
+    validity = 2 * block_n
     if kv_format == "auto":
         rows = ring * block_n * (latent + rope) * 2
-        if split_qk:
-            return rows + SPLIT_QK_WARPS * block_h * block_n * 4 + block_n
-        return q + rows + block_h * block_n * 2
-    raw = ring * block_n * (latent + scale_bytes) + 2 * block_n * rope * 2
-    k_tile = block_n * latent * 2
-    validity = 2 * block_n
+    else:
+        raw = ring * block_n * (latent + scale_bytes) + 2 * block_n * rope * 2
+        rows = raw + block_n * latent * 2  # and the K tile
     if split_qk:
-        return raw + k_tile + SPLIT_QK_WARPS * block_h * block_n * 4 + validity
+        return rows + SPLIT_QK_WARPS * block_h * block_n * 4 + validity
     # the kernel's MMA layout: warps over the 16-row head groups first, the rest over S's
     # columns
     warps = ampere_gluon_warps(block_h) if num_warps is None else num_warps
@@ -725,9 +743,9 @@ def ampere_gluon_smem(
     warps_n = warps // warps_m
     if warps_m > 1 and warps_n > 1:
         p_tile, row_max_scratch = block_h * block_n * 2, block_h * warps_n * 4
-        return q + raw + k_tile + validity + p_tile + row_max_scratch
-    scratch = block_h * block_n * (4 if block_h == 16 else 2)
-    return q + raw + k_tile + validity + scratch
+        return q + rows + validity + p_tile + row_max_scratch
+    scratch = block_h * block_n * (4 if block_h == 16 and kv_format != "auto" else 2)
+    return q + rows + validity + scratch
 
 
 def _wgmma(arch: Arch) -> bool:

@@ -951,6 +951,11 @@ def sparse_mla_latent_ampere_gluon_kernel(
         vec=8, per_phase=1, max_phase=4, order=[2, 1, 0]
     )
 
+    # tiles whose warps split S's columns as well as its rows: a row's max and sum and P's move
+    # into PV's operand layout cross warps there
+    COLS_SPLIT: gl.constexpr = (not SPLIT_QK) and WARPS_M > 1 and WARPS_N > 1
+    VALID_SMEM: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+
     i_hb, i_ts, i_s, i_t = _program_coords(num_hb, num_splits)
     dtype: gl.constexpr = Q_nope.dtype.element_ty
 
@@ -982,6 +987,14 @@ def sparse_mla_latent_ampere_gluon_kernel(
         # the ring: two slots of gathered rows, read by the MMAs where they land
         nope_ring = gl.allocate_shared_memory(dtype, [2, BLOCK_N, L], OP_SMEM)
         rope_ring = gl.allocate_shared_memory(dtype, [2, BLOCK_N, 64], OP_SMEM)
+    # the rows' validity, a slot per ring slot: stored as each gather is issued and read in
+    # S's column layout after the step's second barrier (a convert_layout through the scratch
+    # would take barriers of its own)
+    v_s = gl.allocate_shared_memory(gl.int8, [2, BLOCK_N], VALID_SMEM)
+    if COLS_SPLIT:
+        # P on its way into PV's operand layout: one barrier between its store and the
+        # ldmatrix, where convert_layout through the scratch takes two
+        p_s = gl.allocate_shared_memory(dtype, [BLOCK_H, BLOCK_N], OP_SMEM)
 
     w_lo, w_hi, n_steps = _split_range(
         Counts, i_t, i_s, W, split_len, stride_ct, BLOCK_N, HAS_COUNTS
@@ -993,6 +1006,10 @@ def sparse_mla_latent_ampere_gluon_kernel(
         b_o3 = gl.zeros([NUM_CHUNKS, BLOCK_H, KW], gl.float32, layout=MMA3)
     else:
         b_o = gl.zeros([BLOCK_H, L], gl.float32, layout=MMA)
+    if COLS_SPLIT:
+        # the row sums kept per key column and reduced once after the loop (a row's sum across
+        # the column warps would take two barriers a step)
+        b_lacc = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=S_ROWS)
     m_next = _gather_latent(
         KV,
         Idx,
@@ -1016,10 +1033,10 @@ def sparse_mla_latent_ampere_gluon_kernel(
         SPLIT_QK,
     )
     async_copy.commit_group()
+    v_s.index(0).store(m_next.to(gl.int8))
     for i_step in range(n_steps):
         slot = i_step % 2
         w0 = w_lo + i_step * BLOCK_N
-        m_n = m_next
         # every thread is past its reads of the other slot (the previous step) before it
         # refills (and, SPLIT_QK, past its reads of the partial S tiles)
         _BARRIER()
@@ -1046,6 +1063,7 @@ def sparse_mla_latent_ampere_gluon_kernel(
             SPLIT_QK,
         )
         async_copy.commit_group()
+        v_s.index(1 - slot).store(m_next.to(gl.int8))
         async_copy.wait_group(1)  # this step's rows are in
         _BARRIER()
 
@@ -1071,13 +1089,16 @@ def sparse_mla_latent_ampere_gluon_kernel(
                 b_krb = rope_ring.index(slot).permute((1, 0)).load(B_OP)
                 b_s = mma_v2(b_qra, b_krb, b_s)
 
-        m_s = gl.convert_layout(m_n, gl.SliceLayout(0, S_ROWS))
+        m_s = v_s.index(slot).load(gl.SliceLayout(0, S_ROWS)) != 0
         b_s = gl.where(m_s[None, :], b_s * qk_scale, float("-inf"))
         b_m_new = gl.maximum(b_m, gl.max(b_s, 1))
         b_m_use = gl.where(b_m_new == float("-inf"), 0.0, b_m_new)
         b_alpha = gl.exp2(b_m - b_m_use)
         b_p = gl.exp2(b_s - b_m_use[:, None])
-        b_l = b_l * b_alpha + gl.sum(b_p, 1)
+        if COLS_SPLIT:
+            b_lacc = b_lacc * b_alpha[:, None] + b_p
+        else:
+            b_l = b_l * b_alpha + gl.sum(b_p, 1)
         b_m = b_m_new
 
         # PV: P from registers in q's dtype, V the slot's latent rows
@@ -1087,9 +1108,16 @@ def sparse_mla_latent_ampere_gluon_kernel(
             b_o3 = _pv_chunks(b_o3, b_p.to(dtype), k_slot, A3_OP, B3_OP)
         else:
             b_o = b_o * b_alpha[:, None]
-            b_pa = gl.convert_layout(b_p.to(dtype), A_OP)
+            if COLS_SPLIT:
+                p_s.store(b_p.to(dtype))
+                _BARRIER()
+                b_pa = p_s.load(A_OP)
+            else:
+                b_pa = gl.convert_layout(b_p.to(dtype), A_OP)
             b_o = mma_v2(b_pa, k_slot.load(B_OP), b_o)
     async_copy.wait_group(0)
+    if COLS_SPLIT:
+        b_l = gl.sum(b_lacc, 1)
     if SPLIT_QK:
         # the chunks side by side: [BLOCK_H, L] in the other form's layout
         b_o = gl.convert_layout(gl.reshape(gl.permute(b_o3, (1, 0, 2)), [BLOCK_H, L]), MMA)
