@@ -28,11 +28,13 @@ from triton_mla_sparse.ops.sparse_mla.heuristics import (
     AMPERE_GLUON_BLOCK_N,
     AMPERE_GLUON_DS_PREFILL_MIN_HEADS,
     AMPERE_GLUON_DS_RING,
+    AMPERE_GLUON_NARROW_HEADS,
     AMPERE_GLUON_RING,
     AMPERE_GLUON_ROWS_WIDE_HEADS,
     AMPERE_GLUON_ROWS_WIDE_MIN_TOKENS,
     AMPERE_GLUON_SPLIT_QK_STEPS,
     ROWS_SPLIT_QK_STEPS,
+    SHORT_DECODE_TOKENS,
     TARGETS,
     Arch,
     ampere_gluon_smem,
@@ -188,13 +190,17 @@ def test_default_on_the_paths_timed_faster(tokens, cc, heads):
         assert ampere_gluon_smem(2 * block_h, cfg.block_n, 1) > arch.smem_bytes
 
 
-@pytest.mark.parametrize("tokens", [1, 16, 64, 128])
+@pytest.mark.parametrize(
+    "cc, tokens", [(89, 1), (89, 16), (89, 64), (89, 128), (80, 1), (80, 4), (80, 16)]
+)
 @pytest.mark.parametrize("heads", [8, 16])
-def test_rows_default_on_sm89_at_16_heads(tokens, heads):
-    """Rows in q's dtype (bf16) on sm89 with 16 heads or fewer: the mma.sync kernel, 16-head
-    tile, two slots; QK^T split over the latent where a program walks at least
-    ROWS_SPLIT_QK_STEPS steps (at 128 tokens, not at 64 or fewer)."""
-    arch = _cuda_target(89)
+def test_rows_default_at_16_heads(cc, tokens, heads):
+    """Rows in q's dtype (bf16) with 16 heads or fewer, on sm89 at 1-128 tokens and on sm80 up
+    to SHORT_DECODE_TOKENS tokens: the mma.sync kernel, 16-head tile, two slots; QK^T split
+    over the latent where a program walks at least ROWS_SPLIT_QK_STEPS steps (at 128 tokens,
+    not at 64 or fewer). sm80 from 17 tokens on keeps the Triton kernel
+    (test_not_the_default_elsewhere)."""
+    arch = _cuda_target(cc)
     plan = _default_plan(tokens, heads, arch, fmt="auto")
     cfg = plan.config
     assert plan.family == LATENT_AMPERE_GLUON
@@ -279,7 +285,10 @@ def test_default_on_sm90_at_16_heads(tokens, heads):
         ("sm86: not timed", 86, 64, 64, {}),
         ("sm90, 64 heads: its own kernels", 90, 64, 64, {}),
         ("fp16 q", 80, 64, 64, dict(dtype=torch.float16)),
-        ("rows in q's dtype on sm80", 80, 64, 16, dict(fmt="auto")),
+        ("rows in q's dtype on sm80, 16 heads, 64 tokens", 80, 64, 16, dict(fmt="auto")),
+        ("rows in q's dtype on sm80, 8 heads, 17 tokens", 80, 17, 8, dict(fmt="auto")),
+        ("rows in q's dtype on sm80, 16 heads, 128 tokens", 80, 128, 16, dict(fmt="auto")),
+        ("rows in q's dtype on sm86, 16 heads: not timed", 86, 16, 16, dict(fmt="auto")),
         ("rows in q's dtype, 64 heads", 89, 64, 64, dict(fmt="auto")),
         ("rows in q's dtype on sm80, 48 heads: not timed", 80, 64, 48, dict(fmt="auto")),
         ("rows in q's dtype on sm80, 64 heads, 8 tokens: not timed", 80, 8, 64, dict(fmt="auto")),
@@ -865,15 +874,18 @@ def test_latent_rows_sm80_and_sm89_code_by_ptx_jit(cc, split_qk, tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_GPU, reason="Gluon kernels run on a GPU only")
-@pytest.mark.parametrize("heads", [64, 96])
-def test_latent_rows_sm80_default_at_64_heads_by_ptx_jit(heads, tmp_path):
-    """Rows in q's dtype on the sm80 path at 64 heads or more: the heuristics' own choice (no
-    config given) is the mma.sync kernel's 64-head tile, and its output matches the reference
-    (96 heads: a padded second program per token; sm80's code through the driver's JIT)."""
+@pytest.mark.parametrize("heads", [8, 16, 64, 96])
+def test_latent_rows_sm80_default_by_ptx_jit(heads, tmp_path):
+    """Rows in q's dtype on the sm80 path at 16 tokens: the heuristics' own choice (no config
+    given) is the mma.sync kernel's 16-head tile at 16 heads or fewer and its 64-head tile at 64
+    heads or more, and its output matches the reference (8 heads: a half-empty tile; 96 heads:
+    a padded second program per token; sm80's code through the driver's JIT)."""
     _needs_ptx_jit(80)
     tokens = AMPERE_GLUON_ROWS_WIDE_MIN_TOKENS
+    assert tokens <= SHORT_DECODE_TOKENS  # both tiles are the default there
     cfg = _default_plan(tokens, heads, _cuda_target(80), fmt="auto").config
-    assert (cfg.gluon, cfg.block_h) == ("ampere", AMPERE_GLUON_ROWS_WIDE_HEADS)
+    block_h = AMPERE_GLUON_NARROW_HEADS if heads <= 16 else AMPERE_GLUON_ROWS_WIDE_HEADS
+    assert (cfg.gluon, cfg.block_h) == ("ampere", block_h)
     with _mma_sync_by_ptx_jit(80, tmp_path, LATENT_AMPERE_GLUON):
         check_latent_rows(None, tokens, heads, 1000, 64, 64, True, torch.bfloat16)
 

@@ -186,6 +186,12 @@ AMPERE_GLUON_DS_PREFILL_MIN_HEADS = 16
 AMPERE_GLUON_ROWS_WIDE_CCS = (80,)
 AMPERE_GLUON_ROWS_WIDE_HEADS = 64
 AMPERE_GLUON_ROWS_WIDE_MIN_TOKENS = 16
+# Rows in q's dtype at AMPERE_GLUON_NARROW_HEADS heads or fewer, in the 16-head two-slot tile:
+# the targets whose code ran faster there than in the Triton kernel at every decode token count
+# timed (sm89), and those where it did up to SHORT_DECODE_TOKENS tokens only (sm80's PTX on an
+# H100: 0.87-0.95x the Triton kernel's time at 1-16 tokens, 1.02-1.03x at 64)
+AMPERE_GLUON_ROWS_NARROW_CCS = (89,)
+AMPERE_GLUON_ROWS_SHORT_CCS = (80,)
 # fp8_ds_mla in the 16-head four-warp tile: the fewest steps a program walks for QK^T split over
 # the latent (KernelConfig.split_qk) to be the default. Timed on the H200 against the unsplit
 # tile, Triton 3.8, 16 heads (docs/perf-log/47-qk-split-h200.txt): 1.05x its time in walks of
@@ -578,6 +584,11 @@ def ampere_gluon_config(
       tokens, 53.6 / 63.0 at 64, 18.4 / 20.9 at 16, 7.2 / 8.1 at 1. Elsewhere the rows' kernel
       was within 5% of the Triton kernel or slower at 64-128 tokens, so the Triton kernel stays,
       except:
+    - rows in q's dtype on sm80 with 16 heads or fewer, the same tile, up to SHORT_DECODE_TOKENS
+      tokens (PERFORMANCE.md log entry 68; on an H100, Triton 3.8, `compare_trees.py`, main
+      against this choice, 8 / 16 heads): 6.3 / 7.1 against 7.2 / 8.2 at 1 token, 19.4 / 21.0
+      against 20.5 / 22.9 at 16; at 64 tokens it ran 65.4 / 66.9 against 63.4 / 65.4 and at
+      128 96.0 / 99.0 against 98.2 / 102.5, so from 17 tokens on the Triton kernel stays.
     - rows in q's dtype on sm80 at 64 heads or more and 16-128 tokens, the 64-head tile with
       two slots, since its step has 4 CTA barriers instead of 9 (PERFORMANCE.md log entry 65;
       on an H100, Triton 3.8, `compare_trees.py`, main against this choice): 43.8 against
@@ -663,8 +674,15 @@ def ampere_gluon_config(
                 block_h = wider
         if num_tokens < SHORT_DECODE_TOKENS:
             block_h = max(16, block_h // 2)
-    elif kv_format == "auto" and cc == 89 and num_heads <= 16:
-        ring, block_h = AMPERE_GLUON_RING, 16
+    elif (
+        kv_format == "auto"
+        and num_heads <= AMPERE_GLUON_NARROW_HEADS
+        and (
+            cc in AMPERE_GLUON_ROWS_NARROW_CCS
+            or (cc in AMPERE_GLUON_ROWS_SHORT_CCS and num_tokens <= SHORT_DECODE_TOKENS)
+        )
+    ):
+        ring, block_h = AMPERE_GLUON_RING, AMPERE_GLUON_NARROW_HEADS
     elif (
         kv_format == "auto"
         and cc in AMPERE_GLUON_ROWS_WIDE_CCS
