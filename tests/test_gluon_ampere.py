@@ -214,12 +214,13 @@ def test_rows_default_at_16_heads(cc, tokens, heads):
         assert not cfg.split_qk
 
 
-@pytest.mark.parametrize("tokens", [16, 64, 128])
+@pytest.mark.parametrize("tokens", [16, 64, 128, 129, 1024, 4096])
 @pytest.mark.parametrize("heads", [64, 96, 128])
 def test_rows_default_on_sm80_at_64_heads_and_more(tokens, heads):
-    """Rows in q's dtype (bf16) on sm80 with 64 heads or more at 16-128 tokens: the mma.sync
-    kernel's 64-head tile, eight warps, 32-row steps, two slots, within sm80's shared memory;
-    fewer tokens or heads, and sm89, keep the Triton kernel (test_not_the_default_elsewhere)."""
+    """Rows in q's dtype (bf16) on sm80 with 64 heads or more from 16 tokens, decode and
+    prefill: the mma.sync kernel's 64-head tile, eight warps, 32-row steps, two slots, within
+    sm80's shared memory; fewer tokens or heads, and sm89, keep the Triton kernel
+    (test_not_the_default_elsewhere)."""
     arch = _cuda_target(80)
     plan = _default_plan(tokens, heads, arch, fmt="auto")
     cfg = plan.config
@@ -276,7 +277,8 @@ def test_default_on_sm90_at_16_heads(tokens, heads):
         ("sm86 prefill: not timed", 86, 4096, 64, {}),
         ("sm90 prefill at 16 heads: not timed", 90, 4096, 16, {}),
         ("prefill at 8 heads: not timed", 80, 1024, 8, {}),
-        ("rows in q's dtype at prefill", 80, 4096, 64, dict(fmt="auto")),
+        ("rows in q's dtype at prefill, 48 heads: not timed", 80, 4096, 48, dict(fmt="auto")),
+        ("rows in q's dtype at prefill on sm89", 89, 4096, 64, dict(fmt="auto")),
         ("rows in q's dtype at prefill, 16 heads", 89, 1024, 16, dict(fmt="auto")),
         ("prefill in fp16", 89, 4096, 64, dict(dtype=torch.float16)),
         ("sm90, 32 heads: not timed", 90, 128, 32, {}),
@@ -874,15 +876,25 @@ def test_latent_rows_sm80_and_sm89_code_by_ptx_jit(cc, split_qk, tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_GPU, reason="Gluon kernels run on a GPU only")
-@pytest.mark.parametrize("heads", [8, 16, 64, 96])
-def test_latent_rows_sm80_default_by_ptx_jit(heads, tmp_path):
-    """Rows in q's dtype on the sm80 path at 16 tokens: the heuristics' own choice (no config
-    given) is the mma.sync kernel's 16-head tile at 16 heads or fewer and its 64-head tile at 64
-    heads or more, and its output matches the reference (8 heads: a half-empty tile; 96 heads:
-    a padded second program per token; sm80's code through the driver's JIT)."""
+@pytest.mark.parametrize(
+    "tokens, heads",
+    [
+        (AMPERE_GLUON_ROWS_WIDE_MIN_TOKENS, 8),
+        (AMPERE_GLUON_ROWS_WIDE_MIN_TOKENS, 16),
+        (AMPERE_GLUON_ROWS_WIDE_MIN_TOKENS, 64),
+        (AMPERE_GLUON_ROWS_WIDE_MIN_TOKENS, 96),
+        (300, 64),  # prefill: past the decode range, one split
+        (300, 96),
+    ],
+)
+def test_latent_rows_sm80_default_by_ptx_jit(tokens, heads, tmp_path):
+    """Rows in q's dtype on the sm80 path: the heuristics' own choice (no config given) is the
+    mma.sync kernel's 16-head tile at 16 heads or fewer up to 16 tokens and its 64-head tile at
+    64 heads or more from 16 tokens, decode and prefill, and its output matches the reference
+    (8 heads: a half-empty tile; 96 heads: a padded second program per token; sm80's code
+    through the driver's JIT)."""
     _needs_ptx_jit(80)
-    tokens = AMPERE_GLUON_ROWS_WIDE_MIN_TOKENS
-    assert tokens <= SHORT_DECODE_TOKENS  # both tiles are the default there
+    assert AMPERE_GLUON_ROWS_WIDE_MIN_TOKENS <= SHORT_DECODE_TOKENS  # both tiles default there
     cfg = _default_plan(tokens, heads, _cuda_target(80), fmt="auto").config
     block_h = AMPERE_GLUON_NARROW_HEADS if heads <= 16 else AMPERE_GLUON_ROWS_WIDE_HEADS
     assert (cfg.gluon, cfg.block_h) == ("ampere", block_h)

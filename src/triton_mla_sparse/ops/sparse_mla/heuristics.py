@@ -181,8 +181,9 @@ AMPERE_GLUON_RING = 2
 AMPERE_GLUON_DS_PREFILL_CCS = (80, 89)
 AMPERE_GLUON_DS_PREFILL_MIN_HEADS = 16
 # Rows in q's dtype at many heads: the targets whose code ran faster in the 64-head two-slot
-# tile than in the Triton kernel (sm80's PTX on an H100; sm89's 32 x 16 tile was slower), the
-# fewest heads and tokens timed there (64 heads, 16 tokens; up to AMPERE_GLUON_TOKENS[1])
+# tile than in the Triton kernel (sm80's PTX on an H100; sm89's 32 x 16 tile was slower), in
+# decode from the fewest tokens timed there (16) and in prefill (timed at 4096 tokens), and the
+# fewest heads timed (64)
 AMPERE_GLUON_ROWS_WIDE_CCS = (80,)
 AMPERE_GLUON_ROWS_WIDE_HEADS = 64
 AMPERE_GLUON_ROWS_WIDE_MIN_TOKENS = 16
@@ -562,8 +563,9 @@ def ampere_gluon_config(
     """The mma.sync Gluon kernel's configuration (KernelConfig.gluon="ampere") for a call, or
     None: bf16 q, no block table or extra set, decode of 1-128 tokens (AMPERE_GLUON_TOKENS), on
     the paths where it was timed faster than the Triton kernel (sm80 and sm89 by PTX JIT; sm90
-    at 16 heads or fewer), and fp8_ds_mla prefill from 16 heads on sm80 and sm89
-    (AMPERE_GLUON_DS_PREFILL_CCS, AMPERE_GLUON_DS_PREFILL_MIN_HEADS).
+    at 16 heads or fewer), fp8_ds_mla prefill from 16 heads on sm80 and sm89
+    (AMPERE_GLUON_DS_PREFILL_CCS, AMPERE_GLUON_DS_PREFILL_MIN_HEADS), and rows in q's dtype at
+    prefill from 64 heads on sm80 (AMPERE_GLUON_ROWS_WIDE_*).
 
     Timed on an H200 as sm80's and sm89's code by PTX JIT, Triton 3.8 (`tune.py --only ampere
     --arch sm80|sm89 --tokens 128,64,16,1`, docs/perf-log/35-ampere-ring-h200.txt; every row
@@ -589,8 +591,8 @@ def ampere_gluon_config(
       against this choice, 8 / 16 heads): 6.3 / 7.1 against 7.2 / 8.2 at 1 token, 19.4 / 21.0
       against 20.5 / 22.9 at 16; at 64 tokens it ran 65.4 / 66.9 against 63.4 / 65.4 and at
       128 96.0 / 99.0 against 98.2 / 102.5, so from 17 tokens on the Triton kernel stays.
-    - rows in q's dtype on sm80 at 64 heads or more and 16-128 tokens, the 64-head tile with
-      two slots, since its step has 4 CTA barriers instead of 9 (PERFORMANCE.md log entry 65;
+    - rows in q's dtype on sm80 at 64 heads or more and 16-128 decode tokens, the 64-head tile
+      with two slots, since its step has 4 CTA barriers instead of 9 (PERFORMANCE.md entry 65;
       on an H100, Triton 3.8, `compare_trees.py`, main against this choice): 43.8 against
       51.7 at 16 x 64, 117.1 / 132.5 at 64 x 64, 203.8 / 236.9 at 128 x 64, 80.6 / 90.4 at
       16 x 128, 204.7 / 224.1 at 64 x 128, 403.2 / 437.8 at 128 x 128. On the sm89 path the
@@ -610,9 +612,12 @@ def ampere_gluon_config(
       at prefill and keep the Triton kernel. Two ring slots at prefill (sm80's 64-head tile fits
       them) ran 1.02-1.03x one slot's time under 3.8 and 1.09-1.16x under 3.6 at 4096 x 64 / 128,
       so prefill keeps the decode ring. The 64- and 128-head tiles were timed against the Triton
-      kernel under Triton 3.8 only (checked against float64 under 3.6 too). Rows in q's dtype
-      at prefill: the Triton kernel within 1% of the best mma.sync tile on sm80 and the fastest
-      on sm89, so it stays.
+      kernel under Triton 3.8 only (checked against float64 under 3.6 too).
+    - rows in q's dtype at prefill on sm80 from 64 heads, the decode tile (64 heads, two
+      slots; PERFORMANCE.md log entry 70; on an H100, Triton 3.8, `compare_trees.py`, main
+      against this choice): 6487 against the Triton kernel's 6967 at 4096 x 64, 12579 / 13445
+      at 4096 x 128 (0.93x). It had been within 1% of the Triton kernel there before entry 65
+      cut its step's barriers. On sm89 the Triton kernel was the fastest at prefill and stays.
 
     sm90 natively, Triton 3.8, the previous defaults' tree against this one in one run
     (`benchmarks/perf/compare_trees.py`, docs/perf-log/39-sm90-mma-sync-h200.txt), at 16 heads
@@ -639,11 +644,21 @@ def ampere_gluon_config(
     cc = int(arch.cc)
     narrow = cc in AMPERE_GLUON_NARROW_CCS
     ds_mla = kv_format == "fp8_ds_mla"
-    timed_tokens = AMPERE_GLUON_TOKENS[0] <= num_tokens <= AMPERE_GLUON_TOKENS[1] or (
-        ds_mla
-        and cc in AMPERE_GLUON_DS_PREFILL_CCS
-        and num_tokens > AMPERE_GLUON_TOKENS[1]
-        and num_heads >= AMPERE_GLUON_DS_PREFILL_MIN_HEADS
+    rows_wide = (
+        kv_format == "auto"
+        and cc in AMPERE_GLUON_ROWS_WIDE_CCS
+        and num_heads >= AMPERE_GLUON_ROWS_WIDE_HEADS
+        and num_tokens >= AMPERE_GLUON_ROWS_WIDE_MIN_TOKENS
+    )
+    timed_tokens = (
+        AMPERE_GLUON_TOKENS[0] <= num_tokens <= AMPERE_GLUON_TOKENS[1]
+        or rows_wide
+        or (
+            ds_mla
+            and cc in AMPERE_GLUON_DS_PREFILL_CCS
+            and num_tokens > AMPERE_GLUON_TOKENS[1]
+            and num_heads >= AMPERE_GLUON_DS_PREFILL_MIN_HEADS
+        )
     )
     if not (
         (cc in AMPERE_GLUON_CCS or narrow)
@@ -683,12 +698,7 @@ def ampere_gluon_config(
         )
     ):
         ring, block_h = AMPERE_GLUON_RING, AMPERE_GLUON_NARROW_HEADS
-    elif (
-        kv_format == "auto"
-        and cc in AMPERE_GLUON_ROWS_WIDE_CCS
-        and num_heads >= AMPERE_GLUON_ROWS_WIDE_HEADS
-        and AMPERE_GLUON_ROWS_WIDE_MIN_TOKENS <= num_tokens <= AMPERE_GLUON_TOKENS[1]
-    ):
+    elif rows_wide:
         ring, block_h = AMPERE_GLUON_RING, AMPERE_GLUON_ROWS_WIDE_HEADS
     else:
         return None
