@@ -222,6 +222,29 @@ def test_forced_gluon_tiles_only_where_the_plan_runs_gluon(monkeypatch):
         assert cfg.gluon is None and not cfg.split_qk, shape
 
 
+def test_variant_groups_follow_the_token_dependent_e4m3_decode():
+    """The dry run of one case names the kernels of every case in its group, so cases whose
+    plans differ must not share one: sm80's fp8_ds_mla Triton kernel (a block-table call)
+    decodes e4m3 without the staging mask up to 16 tokens and with it above, in the same
+    configuration; grouped by configuration alone, a 32-token case was checked against the
+    8-token case's variant and failed as "not the selected" one."""
+    rel = _reliability()
+    arch = rel.heuristics.Arch("cuda", 80, 108)
+    kind = rel.Kind("dsmla", torch.bfloat16, "fp8_ds_mla")
+    short, long = (rel.Case(kind, t, 1, 100, "bt") for t in (8, 32))
+    cfg_s, cfg_l = short.config(arch), long.config(arch)
+    assert cfg_s.gluon is None and dataclasses.replace(cfg_s, num_splits=1) == (
+        dataclasses.replace(cfg_l, num_splits=1)
+    ), (cfg_s, cfg_l)
+    group_s = rel.variant_group(short, cfg_s, arch, on_gpu=True)
+    group_l = rel.variant_group(long, cfg_l, arch, on_gpu=True)
+    # the same configuration and split count: only the decode tells them apart
+    assert group_s[:-1] == group_l[:-1], (group_s, group_l)
+    assert group_s[-1] == "packed-nomask" and group_l[-1] == "packed", (group_s, group_l)
+    # the interpreter decodes one way at every token count
+    assert rel.variant_group(short, cfg_s, arch, on_gpu=False)[-1] == "scalar"
+
+
 @pytest.mark.parametrize("layout", ["flat", "bt", "bt48"])
 def test_adversarial_inputs(layout):
     """The index content and poisoning each case gets, as docs/RELIABILITY.md describes them."""

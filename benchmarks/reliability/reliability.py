@@ -239,7 +239,7 @@ def _imports() -> None:
     global choose_config, split_len_for, config_label, pack_fp8_ds_mla, quantize_fp8, KernelConfig
     global kv_format_mod, compare_sparse_mla, reference_dtype, sparse_mla_tolerance
     global splits_qk, SPLIT_QK_FORMATS, LATENT_GLUON_WS_WARPS, GLUON_LATENT
-    global DS_MLA_GLUON_ALT_BLOCK_N, DS_MLA_GLUON_ALT_WARPS
+    global DS_MLA_GLUON_ALT_BLOCK_N, DS_MLA_GLUON_ALT_WARPS, resolved_e4m3_decode
     import torch
 
     from triton_mla_sparse import kv_format as kv_format_mod
@@ -260,6 +260,7 @@ def _imports() -> None:
         DS_MLA_GLUON_ALT_WARPS,
         GLUON_LATENT,
         LATENT_GLUON_WS_WARPS,
+        resolved_e4m3_decode,
     )
     from triton_mla_sparse.reference import physical_rows, sparse_mla_reference
     from triton_mla_sparse.testing import (
@@ -699,6 +700,19 @@ def coverage_order(cases: list[Case], info: dict) -> list[Case]:
     return out
 
 
+def variant_group(case: Case, cfg: KernelConfig, arch, on_gpu: bool) -> tuple:
+    """What a case's compiled variants depend on besides its kind and flags: the configuration,
+    the split count and the integer e4m3 decode (which the plan picks by token count): cases
+    with equal groups compile the same kernels, so one dry run names them all."""
+    splits = split_len_for(case.positions(cfg), cfg.num_splits, cfg.block_n)[1]
+    fp8_native = arch.fp8_native if cfg.fp8_native is None else cfg.fp8_native
+    decode = resolved_e4m3_decode(
+        cfg, case.T, case.kind.kv_format, arch, fp8_native=fp8_native, on_gpu=on_gpu
+    )
+    flags = (case.kind, case.layout, case.counts, case.lse)
+    return (*flags, dataclasses.replace(cfg, num_splits=1), splits, decode)
+
+
 def select(cases: list[Case], device, arch, all_shapes: bool) -> tuple[list[Case], dict]:
     """One case per distinct forward variant and per distinct merge variant (the smallest that
     selects it), or every case with ``all_shapes``. Returns (cases, {case: (cfg, keys)}); the
@@ -707,11 +721,8 @@ def select(cases: list[Case], device, arch, all_shapes: bool) -> tuple[list[Case
     cfgs = {}
     for c in cases:
         cfg = c.config(arch)
-        splits = split_len_for(c.positions(cfg), cfg.num_splits, cfg.block_n)[1]
         cfgs[c] = cfg
-        # the constexprs depend on the shape only through the configuration and the split count
-        key = (c.kind, c.layout, c.counts, c.lse, dataclasses.replace(cfg, num_splits=1), splits)
-        groups.setdefault(key, []).append(c)
+        groups.setdefault(variant_group(c, cfg, arch, device.type == "cuda"), []).append(c)
     info = {}
     for members in groups.values():
         keys = dry_run(members[0], device, arch)

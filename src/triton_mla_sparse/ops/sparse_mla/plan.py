@@ -393,6 +393,33 @@ def check_e4m3_decode(cfg: KernelConfig, arch: Arch, on_gpu: bool) -> None:
         )
 
 
+def resolved_e4m3_decode(
+    cfg: KernelConfig,
+    num_tokens: int,
+    kv_format: str,
+    arch: Arch,
+    *,
+    fp8_native: bool,
+    on_gpu: bool,
+) -> str:
+    """The integer e4m3 decode a call of ``num_tokens`` tokens runs in ``cfg``: the config's own,
+    "scalar" in the Gluon kernels (they decode e4m3 their own way; the knob is the Triton
+    kernels'), else heuristics.e4m3_decode_for's, which depends on the token count."""
+    if cfg.e4m3_decode:
+        return cfg.e4m3_decode
+    if cfg.gluon:
+        return "scalar"
+    return e4m3_decode_for(
+        num_tokens,
+        cfg.block_h,
+        kv_format,
+        arch,
+        stage_dequant=cfg.stage_dequant,
+        fp8_native=fp8_native,
+        on_gpu=on_gpu,
+    )
+
+
 def make_plan(
     *,
     num_tokens: int,
@@ -473,17 +500,8 @@ def make_plan(
         fp8_native=fp8_native,
         pdl=pdl,
         fp16_mma=fp16_mma,
-        # the Gluon kernels decode e4m3 their own way (the knob is the Triton kernels')
-        e4m3_decode=cfg.e4m3_decode
-        or ("scalar" if cfg.gluon else None)
-        or e4m3_decode_for(
-            num_tokens,
-            cfg.block_h,
-            kv_format,
-            arch,
-            stage_dequant=cfg.stage_dequant,
-            fp8_native=fp8_native,
-            on_gpu=on_gpu,
+        e4m3_decode=resolved_e4m3_decode(
+            cfg, num_tokens, kv_format, arch, fp8_native=fp8_native, on_gpu=on_gpu
         ),
     )
     check_e4m3_decode(cfg, arch, on_gpu)
