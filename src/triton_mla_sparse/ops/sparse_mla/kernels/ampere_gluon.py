@@ -18,7 +18,11 @@ are summed through shared memory).
   as step i's bytes are dequantized (in flight while step i is multiplied), which saves a slot's
   shared memory (16.5 KB at 32 rows): a 32-head tile then fits the 99 KB parts, and two 16-head
   programs fit an sm80 multiprocessor. The RoPE values, which the MMAs read from the ring, keep
-  two slots either way.
+  two slots either way. With QK^T split over the latent (16 heads in four warps) there is no
+  dequantization pass: each warp reads its 128-column chunk's e4m3 bytes straight into QK^T's
+  operand, decodes them in registers, applies the rows' chunk scales to its partial S tile in
+  fp32, and writes the decoded chunk times scale / reference into PV's fp16 tile, of which it
+  reads only its own chunk.
 - rows in q's dtype, kv_format "auto" (sparse_mla_latent_ampere_gluon_kernel): the MMAs read
   the ring's slot where the rows landed; with QK^T split over the latent (16 heads in four
   warps) the ring keeps each slot's rows chunk-major, one 128-column chunk per warp.
@@ -41,6 +45,7 @@ from .ds_mla_sm90_gluon import (
     ROPE_OFFSET,
     ROW_BYTES,
     _gather,
+    _gather_scales,
     _pow2_ref,
     _program_coords,
     _rows,
@@ -205,36 +210,13 @@ def _gather_ds(
     ROPE_LAYOUT: gl.constexpr,
     SPLIT_QK: gl.constexpr,
 ):
-    # _gather's cp.async of one step's rows; with SPLIT_QK the RoPE values land in the slot
-    # [NUM_CHUNKS, BLOCK_N, R / NUM_CHUNKS] (ROPE_LAYOUT of that rank), chunk c holding columns
-    # [c * R / NUM_CHUNKS, (c + 1) * R / NUM_CHUNKS) of every row: QK^T's warp c multiplies them
-    # (gathered below, _gather taking the NoPE bytes and scales only)
-    R_ROWS: gl.constexpr = 0 if SPLIT_QK else R
-    ROWS_ROPE_LAYOUT: gl.constexpr = NOPE_LAYOUT if SPLIT_QK else ROPE_LAYOUT
-    m_n = _gather(
-        KV,
-        Idx,
-        i_t,
-        w0,
-        w_hi,
-        stride_it,
-        stride_iw,
-        num_rows,
-        page_size,
-        stride_kb,
-        nope_slot,
-        scale_slot,
-        rope_slot,
-        BLOCK_N,
-        L,
-        R_ROWS,
-        PAGE_SHIFT,
-        NOPE_LAYOUT,
-        SCALE_LAYOUT,
-        ROWS_ROPE_LAYOUT,
-    )
-    if SPLIT_QK and R > 0:
-        o_row, m_r = _rows(
+    # _gather's cp.async of one step's rows; with SPLIT_QK chunk-major: the NoPE bytes into
+    # nope_slot [NUM_CHUNKS, BLOCK_N, L / NUM_CHUNKS] and the RoPE values into rope_slot
+    # [NUM_CHUNKS, BLOCK_N, R / NUM_CHUNKS] (NOPE_LAYOUT / ROPE_LAYOUT of that rank), chunk c
+    # holding columns [c * width, (c + 1) * width) of every row: QK^T's warp c multiplies them.
+    # Returns the rows' validity.
+    if SPLIT_QK:
+        o_row, m_n = _rows(
             Idx,
             i_t,
             w0,
@@ -247,9 +229,65 @@ def _gather_ds(
             ROW_BYTES,
             BLOCK_N,
             PAGE_SHIFT,
-            gl.SliceLayout(0, gl.SliceLayout(2, ROPE_LAYOUT)),
+            gl.SliceLayout(0, gl.SliceLayout(2, NOPE_LAYOUT)),
         )
-        _gather_chunks(rope_slot, KV, o_row, m_r, ROPE_OFFSET, R // NUM_CHUNKS, ROPE_LAYOUT)
+        _gather_chunks(nope_slot, KV, o_row, m_n, 0, L // NUM_CHUNKS, NOPE_LAYOUT)
+        _gather_scales(
+            KV,
+            Idx,
+            i_t,
+            w0,
+            w_hi,
+            stride_it,
+            stride_iw,
+            num_rows,
+            page_size,
+            stride_kb,
+            scale_slot,
+            BLOCK_N,
+            PAGE_SHIFT,
+            SCALE_LAYOUT,
+        )
+        if R > 0:
+            o_row_r, m_r = _rows(
+                Idx,
+                i_t,
+                w0,
+                w_hi,
+                stride_it,
+                stride_iw,
+                num_rows,
+                page_size,
+                stride_kb,
+                ROW_BYTES,
+                BLOCK_N,
+                PAGE_SHIFT,
+                gl.SliceLayout(0, gl.SliceLayout(2, ROPE_LAYOUT)),
+            )
+            _gather_chunks(rope_slot, KV, o_row_r, m_r, ROPE_OFFSET, R // NUM_CHUNKS, ROPE_LAYOUT)
+    else:
+        m_n = _gather(
+            KV,
+            Idx,
+            i_t,
+            w0,
+            w_hi,
+            stride_it,
+            stride_iw,
+            num_rows,
+            page_size,
+            stride_kb,
+            nope_slot,
+            scale_slot,
+            rope_slot,
+            BLOCK_N,
+            L,
+            R,
+            PAGE_SHIFT,
+            NOPE_LAYOUT,
+            SCALE_LAYOUT,
+            ROPE_LAYOUT,
+        )
     return m_n
 
 
@@ -362,8 +400,11 @@ def sparse_mla_ds_mla_ampere_gluon_kernel(
     # other form re-reads all of q from shared memory each step: 64 of a 16-head step's ~200 KB
     # of shared-memory traffic); the four partial S tiles are summed through shared memory,
     # which leaves every warp the whole tile for the online softmax, and PV keeps the same
-    # split: warp c accumulates O's chunk c. It pays back its setup over a walk of several
-    # steps only (heuristics.AMPERE_GLUON_SPLIT_QK_STEPS).
+    # split: warp c accumulates O's chunk c. The raw bytes are QK^T's operand (shared traffic
+    # a value: 1 B read for QK^T, 2 B written and 2 B read for PV, where a dequantization
+    # pass reads 1 B, writes 2 B and QK^T and PV read 2 B each), and the K tile's writes move
+    # ahead of the partial tiles' barrier: a CTA barrier a step fewer. It pays back its setup
+    # over a walk of several steps only (heuristics.AMPERE_GLUON_SPLIT_QK_STEPS).
     gl.static_assert(
         not SPLIT_QK or (BLOCK_H == 16 and gl.num_warps() == NUM_CHUNKS and not QR_REGS),
         "QK^T split over the latent: 16 heads in one warp per latent chunk, all of q in registers",
@@ -386,6 +427,13 @@ def sparse_mla_ds_mla_ampere_gluon_kernel(
     )
     A3_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA3, k_width=2)
     B3_OP: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA3, k_width=2)
+    # SPLIT_QK's NoPE product straight from the raw bytes: each thread holds 16 consecutive
+    # latent columns of a row (one 16-byte shared load, four packed decodes), q's operand
+    # permuted alike (the k order within a product is the same on both sides)
+    A3_RAW: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA3, k_width=16)
+    B3_RAW: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA3, k_width=16)
+    # the packed decode's values are e4m3's times 2^-8: the scales put the factor back
+    DECODE_FIX: gl.constexpr = 1.0 if FP8_NATIVE else E4M3_BIAS_FIX
     # S after QK^T where all warps share 16 head rows (WARPS_M 1): exchanged once between the
     # warps that computed its columns, so that every warp holds whole rows (the layout repeats
     # over the head rows), runs the online softmax without cross-warp reductions and gives P to
@@ -403,19 +451,21 @@ def sparse_mla_ds_mla_ampere_gluon_kernel(
             else MMA
         )
     )
-    NOPE_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 16], [2, 16], [gl.num_warps(), 1], [1, 0])
+    # (SPLIT_QK: the warps over the rows, so that a thread addresses two rows for all four
+    # chunks: a row's index load and offset once, not once per chunk)
+    NOPE_LAYOUT: gl.constexpr = (
+        gl.BlockedLayout([1, 1, 16], [1, 4, 8], [1, gl.num_warps(), 1], [2, 1, 0])
+        if SPLIT_QK
+        else gl.BlockedLayout([1, 16], [2, 16], [gl.num_warps(), 1], [1, 0])
+    )
     SCALE_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 1], [8, 4], [gl.num_warps(), 1], [1, 0])
     ROPE_LAYOUT: gl.constexpr = (
         gl.BlockedLayout([1, 1, 8], [1, 16, 2], [gl.num_warps(), 1, 1], [2, 1, 0])
         if SPLIT_QK
         else gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
     )
-    # the dequantized chunk [BLOCK_N, 128], a slice of a [chunk, row, column] layout so that
-    # SPLIT_QK's chunk-major K tile takes it as one chunk
-    DQ3_LAYOUT: gl.constexpr = gl.BlockedLayout(
-        [1, 1, 16], [1, 4, 8], [1, gl.num_warps(), 1], [2, 1, 0]
-    )
-    DQ_LAYOUT: gl.constexpr = gl.SliceLayout(0, DQ3_LAYOUT)
+    # the dequantized chunk [BLOCK_N, 128] (the unsplit tiles)
+    DQ_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [gl.num_warps(), 1], [1, 0])
     SC_DQ_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [gl.num_warps(), 1], [1, 0])
     Q_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [gl.num_warps(), 1], [1, 0])
     # shared layouts: 16-bit MMA operands swizzled for ldmatrix, the raw bytes plain
@@ -430,6 +480,12 @@ def sparse_mla_ds_mla_ampere_gluon_kernel(
         vec=8, per_phase=1, max_phase=4, order=[2, 1, 0]
     )
     RAW_SMEM: gl.constexpr = gl.SwizzledSharedLayout(vec=16, per_phase=1, max_phase=1, order=[1, 0])
+    # SPLIT_QK's chunk-major raw rows (128 bytes a row): a warp's 16-byte loads of QK^T's
+    # operand take two rows per eight lanes, 64 bytes of each; odd rows swap their halves so
+    # that the two rows fall on different banks
+    RAW3_SMEM: gl.constexpr = gl.SwizzledSharedLayout(
+        vec=64, per_phase=1, max_phase=2, order=[2, 1, 0]
+    )
     # tiles whose warps split S's columns as well as its rows: a row's max and sum and P's move
     # into PV's operand layout cross warps there
     COLS_SPLIT: gl.constexpr = (not SPLIT_QK) and WARPS_M > 1 and WARPS_N > 1
@@ -448,7 +504,7 @@ def sparse_mla_ds_mla_ampere_gluon_kernel(
     if SPLIT_QK:
         # each warp's chunk of q as its MMA operand in registers, for the whole walk
         b_qa3 = _q_chunks(
-            Q_nope, i_t, i_hb, H, stride_qnt, stride_qnh, stride_qnd, BLOCK_H, KW, A3_OP
+            Q_nope, i_t, i_hb, H, stride_qnt, stride_qnh, stride_qnd, BLOCK_H, KW, A3_RAW
         ).to(gl.float16)
         if R > 0:
             b_qra3 = _q_chunks(
@@ -477,13 +533,14 @@ def sparse_mla_ds_mla_ampere_gluon_kernel(
     # the ring (RING slots of raw rows and scales, two of RoPE values: QK^T reads those from
     # the ring after the next step's gather is issued) and the dequantized K tile; SPLIT_QK
     # keeps the RoPE slots and the K tile chunk-major, and the partial S tiles
-    nope_ring = gl.allocate_shared_memory(gl.uint8, [RING, BLOCK_N, L], RAW_SMEM)
     scale_ring = gl.allocate_shared_memory(gl.float32, [RING, BLOCK_N, NUM_CHUNKS], SCALE_SMEM)
     if SPLIT_QK:
+        nope_ring = gl.allocate_shared_memory(gl.uint8, [RING, NUM_CHUNKS, BLOCK_N, KW], RAW3_SMEM)
         rope_ring = gl.allocate_shared_memory(gl.bfloat16, [2, NUM_CHUNKS, BLOCK_N, RW], OP3_SMEM)
         k_s = gl.allocate_shared_memory(gl.float16, [NUM_CHUNKS, BLOCK_N, KW], OP3_SMEM)
         s_parts = gl.allocate_shared_memory(gl.float32, [NUM_CHUNKS, BLOCK_H, BLOCK_N], SUM3_SMEM)
     else:
+        nope_ring = gl.allocate_shared_memory(gl.uint8, [RING, BLOCK_N, L], RAW_SMEM)
         rope_ring = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, 64], OP_SMEM)
         k_s = gl.allocate_shared_memory(gl.float16, [BLOCK_N, L], OP_SMEM)
     # the rows' validity, a slot per RoPE slot: stored as each gather is issued and read in
@@ -595,27 +652,43 @@ def sparse_mla_ds_mla_ampere_gluon_kernel(
         m_s = v_s.index(r_slot).load(gl.SliceLayout(0, S_ROWS)) != 0
 
         # the step's scales: its largest is the reference the tile is dequantized against
-        b_sc = scale_ring.index(slot).load(SC_DQ_LAYOUT)
-        b_scm = scale_ring.index(slot).load(SC_MAX_LAYOUT)
-        b_ref_new = _pow2_ref(gl.max(gl.max(b_scm, 1), 0))
-        # e4m3 x (scale / reference) formed in fp16, two values per packed multiply: the e4m3
-        # values are exact in fp16, so with the ratio exact there too (power-of-two scales) the
-        # product is the fp32 one's rounding bit for bit
-        if FP8_NATIVE:
-            b_rel = b_sc * (1.0 / b_ref_new)
+        if SPLIT_QK:
+            b_scm = scale_ring.index(slot).load(SC_MAX_LAYOUT)
+            b_ref_new = _pow2_ref(gl.max(gl.max(b_scm, 1), 0))
+            # warp c: chunk c's e4m3 bytes of all BLOCK_N rows as QK^T's operand, decoded in
+            # registers (exact in fp16), its product with q's chunk c in units of e4m3, then
+            # each row's chunk scale applied to the partial S tile in fp32; the same decoded
+            # values, times scale / reference in fp16 (the fold's rounding), are chunk c of
+            # PV's K tile, which only warp c reads
+            b_kh = _e4m3_to_f16(nope_ring.index(slot).permute((0, 2, 1)).load(B3_RAW), FP8_NATIVE)
+            sc_t = scale_ring.index(slot).permute((1, 0))  # [NUM_CHUNKS, BLOCK_N]
+            b_sp = gl.zeros([NUM_CHUNKS, BLOCK_H, BLOCK_N], gl.float32, layout=MMA3)
+            b_sp = mma_v2(b_qa3, b_kh, b_sp)
+            b_sp = b_sp * gl.expand_dims(sc_t.load(gl.SliceLayout(1, MMA3)) * DECODE_FIX, 1)
+            if R > 0:
+                b_sp = b_sp + b_srp
+            b_rel3 = sc_t.load(gl.SliceLayout(1, B3_RAW)) * (DECODE_FIX / b_ref_new)
+            b_v = b_kh * gl.expand_dims(b_rel3.to(gl.float16), 1)
+            k_s.store(gl.permute(b_v, (0, 2, 1)))
+            # (its barrier: every warp is past its reads of the raw slot, and chunk c of the K
+            # tile is written, before the next gather and PV)
+            b_s = _sum_partial_s(s_parts, b_sp, MMA3)
         else:
-            b_rel = b_sc * (E4M3_BIAS_FIX / b_ref_new)
-        o_g = gl.arange(0, NUM_CHUNKS, layout=gl.SliceLayout(0, SC_DQ_LAYOUT))
-        for c in gl.static_range(NUM_CHUNKS):
-            b_rel_c = gl.sum(gl.where((o_g == c)[None, :], b_rel, 0.0), 1)
-            b_rel_c = gl.convert_layout(b_rel_c, gl.SliceLayout(1, DQ_LAYOUT))  # same rows
-            b_k8 = nope_ring.index(slot).slice(c * KW, KW, dim=1).load(DQ_LAYOUT)
-            b_h = _e4m3_to_f16(b_k8, FP8_NATIVE) * b_rel_c.to(gl.float16)[:, None]
-            if SPLIT_QK:
-                k_s.slice(c, 1, dim=0).store(gl.expand_dims(b_h, 0))
-            else:
+            # e4m3 x (scale / reference) formed in fp16, two values per packed multiply: the
+            # e4m3 values are exact in fp16, so with the ratio exact there too (power-of-two
+            # scales) the product is the fp32 one's rounding bit for bit
+            b_sc = scale_ring.index(slot).load(SC_DQ_LAYOUT)
+            b_scm = scale_ring.index(slot).load(SC_MAX_LAYOUT)
+            b_ref_new = _pow2_ref(gl.max(gl.max(b_scm, 1), 0))
+            b_rel = b_sc * (DECODE_FIX / b_ref_new)
+            o_g = gl.arange(0, NUM_CHUNKS, layout=gl.SliceLayout(0, SC_DQ_LAYOUT))
+            for c in gl.static_range(NUM_CHUNKS):
+                b_rel_c = gl.sum(gl.where((o_g == c)[None, :], b_rel, 0.0), 1)
+                b_rel_c = gl.convert_layout(b_rel_c, gl.SliceLayout(1, DQ_LAYOUT))  # same rows
+                b_k8 = nope_ring.index(slot).slice(c * KW, KW, dim=1).load(DQ_LAYOUT)
+                b_h = _e4m3_to_f16(b_k8, FP8_NATIVE) * b_rel_c.to(gl.float16)[:, None]
                 k_s.slice(c * KW, KW, dim=1).store(b_h)
-        _BARRIER()
+            _BARRIER()
         if RING == 1:
             # the raw slot is read: the next step's rows stream in while this one is multiplied
             m_next = _gather_ds(
@@ -644,18 +717,9 @@ def sparse_mla_ds_mla_ampere_gluon_kernel(
             async_copy.commit_group()
             v_s.index(1 - r_slot).store(m_next.to(gl.int8))
 
-        # QK^T: the NoPE product in fp16 (units of the reference) over 64-wide slices of the
-        # latent, the rope product in its own accumulator
-        if SPLIT_QK:
-            # warp c: its chunk's product over all BLOCK_N rows (four independent 8-column
-            # accumulators), then the four partial tiles summed through shared memory
-            b_sp = gl.zeros([NUM_CHUNKS, BLOCK_H, BLOCK_N], gl.float32, layout=MMA3)
-            b_sp = mma_v2(b_qa3, k_s.permute((0, 2, 1)).load(B3_OP), b_sp)
-            b_sp = b_sp * b_ref_new
-            if R > 0:
-                b_sp = b_sp + b_srp
-            b_s = _sum_partial_s(s_parts, b_sp, MMA3)
-        else:
+        if not SPLIT_QK:
+            # QK^T: the NoPE product in fp16 (units of the reference) over 64-wide slices of
+            # the latent, the rope product in its own accumulator
             b_sn = _qk_nope(q_s, k_s, BLOCK_H, BLOCK_N, L, QK_CHAINS, MMA, A_OP, B_OP)
             b_s = b_sn * b_ref_new
             if R > 0:

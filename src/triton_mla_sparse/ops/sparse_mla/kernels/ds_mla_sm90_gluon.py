@@ -96,6 +96,45 @@ def _rows(
 
 
 @gluon.jit
+def _gather_scales(
+    KV,
+    Idx,
+    i_t,
+    w0,
+    w_hi,
+    stride_it,
+    stride_iw,
+    num_rows,
+    page_size,
+    stride_kb,
+    scale_slot,
+    BLOCK_N: gl.constexpr,
+    PAGE_SHIFT: gl.constexpr,
+    SCALE_LAYOUT: gl.constexpr,
+):
+    # cp.async of the four fp32 chunk scales of rows [w0, w0 + BLOCK_N) of token i_t's list into
+    # scale_slot [BLOCK_N, NUM_CHUNKS] (masked rows zero-filled)
+    o_row_s, m_n_s = _rows(
+        Idx,
+        i_t,
+        w0,
+        w_hi,
+        stride_it,
+        stride_iw,
+        num_rows,
+        page_size,
+        stride_kb,
+        ROW_BYTES,
+        BLOCK_N,
+        PAGE_SHIFT,
+        gl.SliceLayout(1, SCALE_LAYOUT),
+    )
+    o_g = gl.arange(0, NUM_CHUNKS, layout=gl.SliceLayout(0, SCALE_LAYOUT))
+    p_sc = (KV + o_row_s[:, None] + SCALE_OFFSET).to(gl.pointer_type(gl.float32)) + o_g[None, :]
+    _ASYNC_LOAD(scale_slot, p_sc, mask=m_n_s[:, None] & (o_g < NUM_CHUNKS)[None, :])
+
+
+@gluon.jit
 def _gather(
     KV,
     Idx,
@@ -139,7 +178,8 @@ def _gather(
     p_nope = KV + o_row[:, None] + o_c[None, :]
     _ASYNC_LOAD(nope_slot, p_nope, mask=m_n[:, None] & (o_c < L)[None, :])
 
-    o_row_s, m_n_s = _rows(
+    _gather_scales(
+        KV,
         Idx,
         i_t,
         w0,
@@ -149,14 +189,11 @@ def _gather(
         num_rows,
         page_size,
         stride_kb,
-        ROW_BYTES,
+        scale_slot,
         BLOCK_N,
         PAGE_SHIFT,
-        gl.SliceLayout(1, SCALE_LAYOUT),
+        SCALE_LAYOUT,
     )
-    o_g = gl.arange(0, NUM_CHUNKS, layout=gl.SliceLayout(0, SCALE_LAYOUT))
-    p_sc = (KV + o_row_s[:, None] + SCALE_OFFSET).to(gl.pointer_type(gl.float32)) + o_g[None, :]
-    _ASYNC_LOAD(scale_slot, p_sc, mask=m_n_s[:, None] & (o_g < NUM_CHUNKS)[None, :])
 
     if R > 0:
         o_row_r, m_n_r = _rows(
