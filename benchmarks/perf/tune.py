@@ -382,6 +382,29 @@ def ampere_reg_tiles(c: Case) -> list[KernelConfig]:
     return out
 
 
+def ds_split_tiles(c: Case) -> list[KernelConfig]:
+    """fp8_ds_mla's 16-head four-warp tile with QK^T split over the latent (KernelConfig.split_qk)
+    and without, at every walk length: the path's default, then the tile split and unsplit at the
+    split count the heuristics give it and at twice that (shorter walks), and split with two ring
+    slots where they fit the path's shared memory (the gather of step i + 1 issued a step
+    earlier). Whether the split pays below heuristics.AMPERE_GLUON_SPLIT_QK_STEPS steps a
+    program, and whether a second slot hides the gather where a program runs alone on a
+    multiprocessor (sm80 with --target-smem)."""
+    arch = arch_of(torch.device("cuda"))
+    default = choose_config(c.tokens, c.heads, c.topk, c.dtype, c.kv_format, arch)
+    out = [default]
+    for split in (True, False):
+        for ring in (1, 2) if split else (1,):
+            if ampere_gluon_smem(16, 32, ring, c.kv_format, split_qk=split) > arch.smem_bytes:
+                continue
+            cfg = ampere_config(c, arch, 16, 32, 4, ring, split_qk=split)
+            for k in sorted({cfg.num_splits, 2 * cfg.num_splits}):
+                variant = dataclasses.replace(cfg, num_splits=k)
+                if variant not in out:
+                    out.append(variant)
+    return out
+
+
 # The mma.sync kernels' 32- and 64-head tiles for calls of 64-128 heads, in four and eight
 # warps per 32 heads; the eight-warp 32-head tile also capped at 128 registers, where ptxas
 # otherwise gives it 252 and a 256-thread program the whole register file (log entry 48: one
@@ -595,6 +618,18 @@ SWEEPS = {
             for h in (128, 64)
         ],
         ampere_wide_tiles,
+    ),
+    # fp8_ds_mla at 8/16 heads: the 16-head tile with QK^T split over the latent or not, one
+    # ring slot or two, at every walk length (--arch, with --target-smem for the target's
+    # programs per multiprocessor)
+    "ds-split": (
+        [
+            Case(f"decode T={t} H={h}", t, h, kv_format="fp8_ds_mla")
+            for t in (1, 4, 16, 64, 128)
+            for h in (16, 8)
+            if h == 16 or t == 64
+        ],
+        ds_split_tiles,
     ),
     # fp8_ds_mla and DeepSeek-V4 in 64-head folded tiles: indices a step ahead or not
     "ahead": (
