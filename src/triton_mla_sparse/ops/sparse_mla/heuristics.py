@@ -200,6 +200,15 @@ AMPERE_GLUON_ROWS_SHORT_CCS = (80,)
 # four (16 tokens), 0.96x in 16 (64 tokens), 0.95x in 32 (128 tokens); the same on the sm80
 # and sm89 paths by PTX JIT (1.04-1.06x at one token, 0.94-0.97x from 16 tokens on).
 AMPERE_GLUON_SPLIT_QK_STEPS = 4
+# the mma.sync rows kernel's tiles whose warps split S's rows and columns run PV with the warps
+# over O's columns from this many warps (kernels/ampere_gluon.py's PV_COLS_MIN_WARPS): each V
+# value read by one warp instead of each head group; the rows' rescale factors then cross to
+# PV's layout through shared memory. sm80 path's 64-head tile on an H100 by PTX JIT (PERFORMANCE.md
+# log entry 74, decode 16-128 tokens and prefill 4096 x 64 / 128 heads): 0.96-0.98x the time
+# under Triton 3.8, 0.80-0.89x under 3.6 (its spills gone). Four-warp tiles keep QK^T's layout
+# for PV: the rows kernel's 32-head one spills with it (Triton 3.8), and the fp8_ds_mla
+# kernel's, the sm89 path's default from 32 heads, ran 1.04-1.06x slower with it (entry 73).
+AMPERE_PV_COLS_WARPS = 8
 # Rows in q's dtype in the 16-head four-warp tile: the fewest steps a program walks for the split
 # to be the default. Timed on the sm89 path by PTX JIT on the H200, Triton 3.8
 # (docs/perf-log/51-ampere-sm89-h200.txt): 0.96x the unsplit tile's time in walks of 32 steps
@@ -749,7 +758,9 @@ def ampere_gluon_smem(
     "auto"): the rows the MMAs read where they land. Then either q (fp8_ds_mla's in fp16) with
     its RoPE part and a scratch (16-head tiles exchange S between the warps in fp32, wider ones
     whose warps do not split S's columns convert P's layout in 16 bits; tiles whose warps
-    split S's columns hold P in a 16-bit tile of its own and exchange each row's max in fp32)
+    split S's columns hold P in a 16-bit tile of its own and exchange each row's max in fp32,
+    and for rows in q's dtype in AMPERE_PV_COLS_WARPS warps pass the rows' rescale factors to
+    PV in fp32)
     or, with ``split_qk`` (KernelConfig.split_qk: q in registers), the four partial S tiles in
     fp32. tests/test_gluon_ampere.py checks it against the compiler's figure under Triton 3.6
     and 3.8. ``q_rope_in_registers``: q's RoPE part is not in shared memory
@@ -771,7 +782,10 @@ def ampere_gluon_smem(
     warps_n = warps // warps_m
     if warps_m > 1 and warps_n > 1:
         p_tile, row_max_scratch = block_h * block_n * 2, block_h * warps_n * 4
-        return q + rows + validity + p_tile + row_max_scratch
+        # rows in eight warps: and the rows' rescale factors on their way into PV's layout
+        # (its warps over O's columns)
+        alpha = block_h * 4 if kv_format == "auto" and warps >= AMPERE_PV_COLS_WARPS else 0
+        return q + rows + validity + p_tile + row_max_scratch + alpha
     scratch = block_h * block_n * (4 if block_h == 16 and kv_format != "auto" else 2)
     return q + rows + validity + scratch
 

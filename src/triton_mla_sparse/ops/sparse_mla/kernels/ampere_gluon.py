@@ -63,6 +63,10 @@ K_SLICE = gl.constexpr(64)  # latent columns per QK^T product
 QK_MIN_CHAINS = gl.constexpr(4)
 # the packed decode's fp16 values are e4m3's times 2^-8 (bias 7 against fp16's 15)
 E4M3_BIAS_FIX = gl.constexpr(256.0)
+# rows tiles whose warps split S's rows and columns run PV with the warps over O's columns
+# from this many warps (the sm80 path's 64-head tile; heuristics.AMPERE_PV_COLS_WARPS, whose
+# shared-memory figure the compile test checks against the compiler's)
+PV_COLS_MIN_WARPS = gl.constexpr(8)
 
 
 @gluon.jit
@@ -1018,6 +1022,21 @@ def sparse_mla_latent_ampere_gluon_kernel(
     # tiles whose warps split S's columns as well as its rows: a row's max and sum and P's move
     # into PV's operand layout cross warps there
     COLS_SPLIT: gl.constexpr = (not SPLIT_QK) and WARPS_M > 1 and WARPS_N > 1
+    # PV there in eight warps: the warps over O's columns only (each warp all BLOCK_H rows), so
+    # that each V value is read from shared memory by one warp instead of by each of the WARPS_M
+    # head groups (a 64-head 32-row step: 32 KB of V reads instead of 128, P's 4 KB read by
+    # every warp); the rows' rescale factors reach that layout through shared memory with P.
+    # The four-warp 32-head tile keeps QK^T's layout: with this one it spills (Triton 3.8)
+    PV_COLS: gl.constexpr = COLS_SPLIT and gl.num_warps() >= PV_COLS_MIN_WARPS
+    MMA_PV: gl.constexpr = (
+        gl.NVMMADistributedLayout(
+            version=[2, 0], warps_per_cta=[1, gl.num_warps()], instr_shape=[16, 8]
+        )
+        if PV_COLS
+        else MMA
+    )
+    A_PV: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA_PV, k_width=2)
+    B_PV: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA_PV, k_width=2)
     VALID_SMEM: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
 
     i_hb, i_ts, i_s, i_t = _program_coords(num_hb, num_splits)
@@ -1059,6 +1078,10 @@ def sparse_mla_latent_ampere_gluon_kernel(
         # P on its way into PV's operand layout: one barrier between its store and the
         # ldmatrix, where convert_layout through the scratch takes two
         p_s = gl.allocate_shared_memory(dtype, [BLOCK_H, BLOCK_N], OP_SMEM)
+    if PV_COLS:
+        # and the rows' rescale factors, behind the same barrier (the WARPS_N warps that share
+        # a row hold the same value)
+        alpha_s = gl.allocate_shared_memory(gl.float32, [BLOCK_H], VALID_SMEM)
 
     w_lo, w_hi, n_steps = _split_range(
         Counts, i_t, i_s, W, split_len, stride_ct, BLOCK_N, HAS_COUNTS
@@ -1069,7 +1092,7 @@ def sparse_mla_latent_ampere_gluon_kernel(
     if SPLIT_QK:
         b_o3 = gl.zeros([NUM_CHUNKS, BLOCK_H, KW], gl.float32, layout=MMA3)
     else:
-        b_o = gl.zeros([BLOCK_H, L], gl.float32, layout=MMA)
+        b_o = gl.zeros([BLOCK_H, L], gl.float32, layout=MMA_PV)
     if COLS_SPLIT:
         # the row sums kept per key column and reduced once after the loop (a row's sum across
         # the column warps would take two barriers a step)
@@ -1171,14 +1194,21 @@ def sparse_mla_latent_ampere_gluon_kernel(
             b_o3 = b_o3 * gl.expand_dims(gl.expand_dims(b_alpha, 1), 0)
             b_o3 = _pv_chunks(b_o3, b_p.to(dtype), k_slot, A3_OP, B3_OP)
         else:
-            b_o = b_o * b_alpha[:, None]
-            if COLS_SPLIT:
+            if PV_COLS:
                 p_s.store(b_p.to(dtype))
+                alpha_s.store(b_alpha)
                 _BARRIER()
-                b_pa = p_s.load(A_OP)
+                b_o = b_o * alpha_s.load(gl.SliceLayout(1, MMA_PV))[:, None]
+                b_pa = p_s.load(A_PV)
             else:
-                b_pa = gl.convert_layout(b_p.to(dtype), A_OP)
-            b_o = mma_v2(b_pa, k_slot.load(B_OP), b_o)
+                b_o = b_o * b_alpha[:, None]
+                if COLS_SPLIT:
+                    p_s.store(b_p.to(dtype))
+                    _BARRIER()
+                    b_pa = p_s.load(A_OP)
+                else:
+                    b_pa = gl.convert_layout(b_p.to(dtype), A_OP)
+            b_o = mma_v2(b_pa, k_slot.load(B_PV), b_o)
     async_copy.wait_group(0)
     if COLS_SPLIT:
         b_l = gl.sum(b_lacc, 1)
@@ -1210,5 +1240,5 @@ def sparse_mla_latent_ampere_gluon_kernel(
         STORE_LSE,
         HAS_SINK,
         S_ROWS,
-        MMA,
+        MMA_PV,
     )
