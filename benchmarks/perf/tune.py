@@ -32,6 +32,7 @@ from triton_mla_sparse.ops.sparse_mla.heuristics import (
     choose_config,
     max_block_h,
     num_splits_for,
+    split_len_for,
     splits_qk,
 )
 from triton_mla_sparse.ops.sparse_mla.plan import (
@@ -385,11 +386,13 @@ def ampere_reg_tiles(c: Case) -> list[KernelConfig]:
 def ds_split_tiles(c: Case) -> list[KernelConfig]:
     """fp8_ds_mla's 16-head four-warp tile with QK^T split over the latent (KernelConfig.split_qk)
     and without, at every walk length: the path's default, then the tile split and unsplit at the
-    split count the heuristics give it and at twice that (shorter walks), and split with two ring
-    slots where they fit the path's shared memory (the gather of step i + 1 issued a step
-    earlier). Whether the split pays below heuristics.AMPERE_GLUON_SPLIT_QK_STEPS steps a
-    program, and whether a second slot hides the gather where a program runs alone on a
-    multiprocessor (sm80 with --target-smem)."""
+    split count the heuristics give it, at one more (a grid sized for another GPU's
+    multiprocessor count fills this one's differently: sm80's 3 splits at 64 tokens make 192
+    two-per-multiprocessor programs, 73% of an H100's 264 places) and at twice that (shorter
+    walks), and split with two ring slots where they fit the path's shared memory (the gather
+    of step i + 1 issued a step earlier). Whether the split pays below
+    heuristics.AMPERE_GLUON_SPLIT_QK_STEPS steps a program, and whether a second slot hides the
+    gather where a program runs alone on a multiprocessor (sm80 with --target-smem)."""
     arch = arch_of(torch.device("cuda"))
     default = choose_config(c.tokens, c.heads, c.topk, c.dtype, c.kv_format, arch)
     out = [default]
@@ -398,7 +401,9 @@ def ds_split_tiles(c: Case) -> list[KernelConfig]:
             if ampere_gluon_smem(16, 32, ring, c.kv_format, split_qk=split) > arch.smem_bytes:
                 continue
             cfg = ampere_config(c, arch, 16, 32, 4, ring, split_qk=split)
-            for k in sorted({cfg.num_splits, 2 * cfg.num_splits}):
+            counts = (cfg.num_splits, cfg.num_splits + 1, 2 * cfg.num_splits)
+            # the counts the launch runs (a count past the walk's steps covers it in fewer)
+            for k in sorted({split_len_for(c.topk, k, cfg.block_n)[1] for k in counts}):
                 variant = dataclasses.replace(cfg, num_splits=k)
                 if variant not in out:
                     out.append(variant)
