@@ -33,6 +33,7 @@ from triton_mla_sparse.ops.sparse_mla.heuristics import (
     AMPERE_GLUON_ROWS_WIDE_HEADS,
     AMPERE_GLUON_ROWS_WIDE_MIN_TOKENS,
     AMPERE_GLUON_SPLIT_QK_STEPS,
+    AMPERE_PV_COLS_WARPS,
     ROWS_SPLIT_QK_STEPS,
     SHORT_DECODE_TOKENS,
     TARGETS,
@@ -88,6 +89,14 @@ def _plan(arch=SM80, config=AMPERE, dtype=torch.bfloat16, on_gpu=True, fmt="fp8_
         on_gpu=on_gpu,
         **kw,
     )
+
+
+def test_pv_over_columns_warps_agree():
+    """The heuristics' shared-memory figure and the kernel take PV over O's columns from the
+    same warp count (written out in both: the heuristics import no Triton)."""
+    from triton_mla_sparse.ops.sparse_mla.kernels.ampere_gluon import PV_COLS_MIN_WARPS
+
+    assert PV_COLS_MIN_WARPS == AMPERE_PV_COLS_WARPS
 
 
 def test_plan_names_the_family_on_every_nvidia_target_from_sm80():

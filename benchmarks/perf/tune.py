@@ -403,7 +403,7 @@ def ds_split_tiles(c: Case) -> list[KernelConfig]:
             cfg = ampere_config(c, arch, 16, 32, 4, ring, split_qk=split)
             counts = (cfg.num_splits, cfg.num_splits + 1, 2 * cfg.num_splits)
             # the counts the launch runs (a count past the walk's steps covers it in fewer)
-            for k in sorted({split_len_for(c.topk, k, cfg.block_n)[1] for k in counts}):
+            for k in sorted({split_len_for(c.topk, n, cfg.block_n)[1] for n in counts}):
                 variant = dataclasses.replace(cfg, num_splits=k)
                 if variant not in out:
                     out.append(variant)

@@ -1194,20 +1194,18 @@ def sparse_mla_latent_ampere_gluon_kernel(
             b_o3 = b_o3 * gl.expand_dims(gl.expand_dims(b_alpha, 1), 0)
             b_o3 = _pv_chunks(b_o3, b_p.to(dtype), k_slot, A3_OP, B3_OP)
         else:
-            if PV_COLS:
+            if not PV_COLS:
+                b_o = b_o * b_alpha[:, None]
+            if COLS_SPLIT:
                 p_s.store(b_p.to(dtype))
-                alpha_s.store(b_alpha)
+                if PV_COLS:
+                    alpha_s.store(b_alpha)
                 _BARRIER()
-                b_o = b_o * alpha_s.load(gl.SliceLayout(1, MMA_PV))[:, None]
+                if PV_COLS:
+                    b_o = b_o * alpha_s.load(gl.SliceLayout(1, MMA_PV))[:, None]
                 b_pa = p_s.load(A_PV)
             else:
-                b_o = b_o * b_alpha[:, None]
-                if COLS_SPLIT:
-                    p_s.store(b_p.to(dtype))
-                    _BARRIER()
-                    b_pa = p_s.load(A_OP)
-                else:
-                    b_pa = gl.convert_layout(b_p.to(dtype), A_OP)
+                b_pa = gl.convert_layout(b_p.to(dtype), A_PV)
             b_o = mma_v2(b_pa, k_slot.load(B_PV), b_o)
     async_copy.wait_group(0)
     if COLS_SPLIT:
