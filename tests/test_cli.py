@@ -361,6 +361,8 @@ def test_run_case_checks_before_timing():
         (["--indexer", "--e4m3-decode", "packed"], ["--e4m3-decode", "not with --indexer"]),
         (["--target-smem"], ["--target-smem", "needs --arch"]),
         (["--indexer", "--target-smem"], ["--target-smem", "not with --indexer"]),
+        (["--host-sms"], ["--host-sms", "needs --arch"]),
+        (["--indexer", "--host-sms"], ["--host-sms", "not with --indexer"]),
     ],
     ids=[
         "arch-sm75",
@@ -370,6 +372,8 @@ def test_run_case_checks_before_timing():
         "indexer-decode",
         "target-smem-alone",
         "indexer-target-smem",
+        "host-sms-alone",
+        "indexer-host-sms",
     ],
 )
 def test_bench_arch_and_decode_arguments(no_gpu_work, capsys, argv, words):
@@ -431,10 +435,15 @@ def test_bench_arch_refuses_where_the_ptx_cannot_run(
         assert w in err, (w, err)
 
 
-@pytest.mark.parametrize("flag", [False, True], ids=["host-smem", "target-smem"])
-def test_bench_target_smem_reaches_the_emulation(fake_cuda, monkeypatch, flag):
-    """--target-smem asks ptx_jit.enable for the target's shared memory per multiprocessor;
-    without it the emulation keeps the host's."""
+@pytest.mark.parametrize(
+    "flags",
+    [[], ["--target-smem"], ["--host-sms"], ["--target-smem", "--host-sms"]],
+    ids=["plain", "target-smem", "host-sms", "both"],
+)
+def test_bench_emulation_options_reach_the_emulation(fake_cuda, monkeypatch, flags):
+    """--target-smem asks ptx_jit.enable for the target's shared memory per multiprocessor
+    (without it the emulation keeps the host's), --host-sms for grids sized for this GPU's
+    multiprocessor count (without it, the target's)."""
     from triton_mla_sparse.testing import ptx_jit
 
     asked = []
@@ -443,15 +452,14 @@ def test_bench_target_smem_reaches_the_emulation(fake_cuda, monkeypatch, flag):
         pass
 
     def fake_enable(cc, **kw):  # test double: records what bench asked for, runs nothing
-        asked.append((cc, kw.get("target_smem")))
+        asked.append((cc, kw.get("target_smem"), kw.get("host_sms")))
         raise Stop
 
     monkeypatch.setattr(ptx_jit, "enable", fake_enable)
     monkeypatch.setattr(torch, "zeros", lambda *a, **k: None)  # no CUDA context here
-    argv = ["bench", "--arch", "sm89"] + (["--target-smem"] if flag else [])
     with pytest.raises(Stop):
-        main(argv)
-    assert asked == [(89, flag)]
+        main(["bench", "--arch", "sm89", *flags])
+    assert asked == [(89, "--target-smem" in flags, "--host-sms" in flags)]
 
 
 def test_bench_arch_refuses_when_the_driver_cannot_jit(fake_cuda, monkeypatch, capsys):
@@ -490,6 +498,9 @@ def test_ptx_jit_refusal_accepts_newer_nvidia_gpus():
     assert ptx_jit.path_label(80, "NVIDIA H200") == "sm80 path by PTX JIT on NVIDIA H200"
     assert ptx_jit.path_label(89, "NVIDIA H200", target_smem=True) == (
         "sm89 path by PTX JIT on NVIDIA H200, 100 KB shared memory a multiprocessor"
+    )
+    assert ptx_jit.path_label(80, "NVIDIA H100", host_sms=132) == (
+        "sm80 path by PTX JIT on NVIDIA H100, grids for 132 SMs"
     )
 
 
@@ -639,6 +650,40 @@ def test_emulated_targets_one_after_another_in_one_process():
                 assert any("ampere_gluon" in b.name for b in built), (cc, built)
         finally:
             emu.disable()
+
+
+@pytest.mark.skipif(
+    not HAS_GPU or torch.version.hip is not None, reason="runs sm_8x PTX through the CUDA driver"
+)
+def test_host_sms_sizes_the_emulated_grids_for_this_gpu():
+    """enable(host_sms=True): the heuristics see the target's compute capability with this
+    GPU's multiprocessor count, and their split counts follow it (the sm80 path's fp8_ds_mla
+    decode at 64 tokens x 16 heads: 3 splits for an A100's 108 SMs, 4 for an H100's 132);
+    without it, the target's count; the kernels pass the reference check either way."""
+    from triton_mla_sparse.ops.sparse_mla import launch
+    from triton_mla_sparse.ops.sparse_mla.heuristics import choose_config, num_splits_for
+    from triton_mla_sparse.ops.target import TARGETS, arch_of
+    from triton_mla_sparse.testing import ptx_jit
+
+    dev = torch.device("cuda")
+    if ptx_jit.refusal(80, torch.cuda.get_device_capability(dev), hip=False) is not None:
+        pytest.skip("this GPU does not run sm80 PTX")
+    host = torch.cuda.get_device_properties(dev).multi_processor_count
+    a100 = next(a for a in TARGETS if a.backend == "cuda" and a.cc == 80)
+    kernels = launch.launchable_kernels()
+    case = Case("c", 64, 16, rows=4096, topk=2048, kv_format="fp8_ds_mla", holes=True)
+    for host_sms, sms in ((False, a100.num_sms), (True, host)):
+        emu = ptx_jit.enable(80, reset=kernels, host_sms=host_sms)
+        try:
+            ptx_jit.check_jit(emu, dev)
+            arch = arch_of(dev)
+            assert (arch.cc, arch.num_sms, arch.smem_bytes) == (80, sms, a100.smem_bytes)
+            cfg = choose_config(64, 16, 2048, torch.bfloat16, "fp8_ds_mla", arch)
+            assert cfg.num_splits == num_splits_for(64, 2048, cfg.block_n, sms, cfg.block_h)
+            assert run_case(case, dev, time_it=False).passed
+        finally:
+            emu.disable()
+    assert arch_of(dev).num_sms == host and arch_of(dev).cc != 80
 
 
 def test_bench_arch_labels_every_row_and_the_json(monkeypatch, tmp_path, capsys):

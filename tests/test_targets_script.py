@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import types
 
 import pytest
 import torch
@@ -116,14 +117,18 @@ def test_a_run_end_to_end_with_test_doubles(targets, monkeypatch, tmp_path):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "GPU-X")
     monkeypatch.setattr(testing, "measure_ceilings", lambda d: Ceilings(4000.0, 700.0))
 
-    asked_smem = set()
+    asked = set()
+
+    class FakeEmulation:  # test double: what execute reads of an emulation
+        host_sms = True
+        arch = types.SimpleNamespace(num_sms=132)
 
     @contextlib.contextmanager
-    def fake_path_context(path, device, target_smem=False):  # test double: no emulation
-        asked_smem.add(target_smem)
+    def fake_path_context(path, device, target_smem=False, host_sms=False):  # no emulation
+        asked.add((target_smem, host_sms))
         if path.name == "sm89":
             raise ptx_jit.EmulationUnavailable("driver too old (test double)")
-        yield None if path.cc is None else "emulation"
+        yield None if path.cc is None else FakeEmulation()
 
     def fake_runner(run, device, ceilings, fmla, emu):  # test double: fixed fake numbers
         us = 100.0 if run.path == "native" else 150.0
@@ -146,7 +151,9 @@ def test_a_run_end_to_end_with_test_doubles(targets, monkeypatch, tmp_path):
 
     monkeypatch.setattr(targets, "path_context", fake_path_context)
     ticks = iter(range(10**6))  # test double: a clock that advances 1 s each time it is read
-    args = targets.parse(["--out", str(tmp_path), "--paths", "native,sm80,sm89", "--target-smem"])
+    args = targets.parse(
+        ["--out", str(tmp_path), "--paths", "native,sm80,sm89", "--target-smem", "--host-sms"]
+    )
     # two reads a run: the rows with targets (56 runs natively and on sm80) fit, not all others
     args.max_seconds = targets.RESERVE_S + 130
     doc = targets.execute(
@@ -174,6 +181,8 @@ def test_a_run_end_to_end_with_test_doubles(targets, monkeypatch, tmp_path):
     text = targets.format_table(doc)
     assert "<= 1.25x floor ✗" in text and "<= 1x FlashMLA ✓" in text
     assert "sm89 cannot run here" in text and "not an A100's or L40S's times" in text
+    assert "grids sized for its 132 multiprocessors (--host-sms)" in text
     json.dumps(doc, default=str)  # what main writes
-    # --target-smem reached every path's emulation and the document
-    assert asked_smem == {True} and doc["environment"]["target_smem"] is True
+    # --target-smem and --host-sms reached every path's emulation and the document
+    assert asked == {(True, True)} and doc["environment"]["target_smem"] is True
+    assert doc["environment"]["host_sms"] is True and doc["environment"]["grid_sms"] == 132

@@ -188,11 +188,12 @@ def plan_runs(paths: list[str], native_cc: int | None) -> list[Run]:
 
 
 @contextlib.contextmanager
-def path_context(path: KernelPath, device, target_smem: bool = False):
+def path_context(path: KernelPath, device, target_smem: bool = False, host_sms: bool = False):
     """Natively, nothing; for an emulated path the PTX-JIT emulation, checked on ``device``
     (``ptx_jit.EmulationUnavailable`` with the reason where it cannot run here); with
     ``target_smem`` every launch is padded to the target's programs per multiprocessor
-    (ptx_jit.padded_shared)."""
+    (ptx_jit.padded_shared); with ``host_sms`` the heuristics size grids for this GPU's
+    multiprocessor count instead of the target's."""
     if path.cc is None:
         yield None
         return
@@ -210,7 +211,9 @@ def path_context(path: KernelPath, device, target_smem: bool = False):
     # (or the native one) is not reused
     if target_smem:
         torch.zeros(1, device=device)  # a CUDA context: the padding asks the driver
-    emu = ptx_jit.enable(path.cc, reset=launch.launchable_kernels(), target_smem=target_smem)
+    emu = ptx_jit.enable(
+        path.cc, reset=launch.launchable_kernels(), target_smem=target_smem, host_sms=host_sms
+    )
     try:
         ptx_jit.check_jit(emu, device)
         yield emu
@@ -285,8 +288,11 @@ def execute(args, device, runner=run_one, log=print, clock=time.monotonic) -> di
             log(fmla_note)
     if getattr(args, "target_smem", False):
         log("emulated paths with their target's shared memory per multiprocessor (--target-smem)")
+    if getattr(args, "host_sms", False):
+        log("emulated paths' grids sized for this GPU's multiprocessors (--host-sms)")
     runs = plan_runs(args.paths, native_cc)
     rows, peers, skipped, refused = [], {}, [], {}
+    grid_sms = None  # with --host-sms: the multiprocessor count the emulated grids are sized for
     i = 0
     while i < len(runs):
         path = PATH_BY_NAME[runs[i].path]
@@ -301,7 +307,14 @@ def execute(args, device, runner=run_one, log=print, clock=time.monotonic) -> di
             skipped += [(r, "time budget") for r in group]
             continue
         try:
-            with path_context(path, device, getattr(args, "target_smem", False)) as emu:
+            with path_context(
+                path,
+                device,
+                getattr(args, "target_smem", False),
+                getattr(args, "host_sms", False),
+            ) as emu:
+                if getattr(emu, "host_sms", False):
+                    grid_sms = emu.arch.num_sms
                 for run in group:
                     if elapsed() > args.max_seconds - RESERVE_S:
                         skipped.append((run, "time budget"))
@@ -324,7 +337,11 @@ def execute(args, device, runner=run_one, log=print, clock=time.monotonic) -> di
     table_rows = [judge(run, row, peers, native_cc, gpu) for run, row in rows]
     return {
         "environment": _environment(gpu, native_cc, ceilings)
-        | {"target_smem": getattr(args, "target_smem", False)},
+        | {
+            "target_smem": getattr(args, "target_smem", False),
+            "host_sms": getattr(args, "host_sms", False),
+            "grid_sms": grid_sms,
+        },
         "rows": table_rows,
         "flashmla": list(peers.values()),
         "flashmla_note": fmla_note,
@@ -441,7 +458,12 @@ def format_table(doc: dict) -> str:
         f"floor: bytes a call must read at the copy bandwidth measured in this run "
         f"({env['copy_gbps']:.0f} GB/s), or its FLOPs at the matmul rate measured in this run "
         f"({env['matmul_tflops']:.0f} TFLOP/s) where larger. Rows 'by PTX JIT' are those "
-        f"targets' kernels on {env['gpu']}: not an A100's or L40S's times."
+        f"targets' kernels on {env['gpu']}: not an A100's or L40S's times"
+        + (
+            f", their grids sized for its {env['grid_sms']} multiprocessors (--host-sms)."
+            if env.get("grid_sms")
+            else ", their grids for the target's multiprocessors (108 for sm80, 142 for sm89)."
+        )
     )
     if doc["skipped"]:
         text.append(f"skipped {len(doc['skipped'])} runs:")
@@ -490,6 +512,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         help="the emulated paths at their target's programs per multiprocessor (each launch's "
         "shared memory padded to the target's 164 KB (sm80) or 100 KB (sm89), threads and "
         "blocks: testing.ptx_jit.padded_shared)",
+    )
+    ap.add_argument(
+        "--host-sms",
+        action="store_true",
+        help="the emulated paths' grids (split counts) sized for this GPU's multiprocessors, "
+        "as the heuristics size them on a target GPU with as many, instead of for the target's "
+        "(108 for sm80, 142 for sm89)",
     )
     ap.add_argument("--list", action="store_true", help="print the runs and targets; no GPU")
     args = ap.parse_args(argv)

@@ -150,6 +150,14 @@ def add_args(p: argparse.ArgumentParser) -> None:
         "target; without it they share this GPU's (228 KB on an H200)",
     )
     p.add_argument(
+        "--host-sms",
+        action="store_true",
+        help="with --arch: size the grids (split counts) for this GPU's multiprocessors, as the "
+        "heuristics do on a target GPU with as many, instead of the target's own count (108 "
+        "for sm80, 84 for sm86, 142 for sm89), which fills a GPU with more multiprocessors "
+        "only in part",
+    )
+    p.add_argument(
         "--e4m3-decode",
         type=csv_of(str, choices=E4M3_DECODES),
         help="with e4m3 caches (fp8, fp8_ds_mla), one run per listed form of the integer e4m3 "
@@ -204,6 +212,7 @@ def check_args(args: argparse.Namespace) -> str | None:
                 ("--compare", args.compare is not None),
                 ("--arch", args.arch is not None),
                 ("--target-smem", args.target_smem),
+                ("--host-sms", args.host_sms),
                 ("--e4m3-decode", args.e4m3_decode is not None),
             )
             if used
@@ -220,6 +229,8 @@ def check_args(args: argparse.Namespace) -> str | None:
         )
     if args.target_smem and args.arch is None:
         return "--target-smem gives an emulated target's shared memory: it needs --arch"
+    if args.host_sms and args.arch is None:
+        return "--host-sms sizes an emulated target's grids for this GPU: it needs --arch"
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         return "--plot needs matplotlib: pip install 'triton-mla-sparse[plot]'"
     return None
@@ -250,7 +261,9 @@ def main(args: argparse.Namespace) -> int:
         return run(args, device)
     emu = None
     if args.arch is not None:
-        emu = start_emulation(ARCH_CHOICES[args.arch], device, target_smem=args.target_smem)
+        emu = start_emulation(
+            ARCH_CHOICES[args.arch], device, target_smem=args.target_smem, host_sms=args.host_sms
+        )
         if emu is None:
             return 2
     try:
@@ -260,10 +273,11 @@ def main(args: argparse.Namespace) -> int:
             emu.disable()
 
 
-def start_emulation(cc: int, device, target_smem: bool = False):
+def start_emulation(cc: int, device, target_smem: bool = False, host_sms: bool = False):
     """The sm<cc> PTX-JIT emulation, enabled and checked on ``device``; None (after saying
     why on stderr) where this GPU cannot run that target's PTX. ``target_smem``: each launch
-    is padded to the target's programs per multiprocessor (ptx_jit.padded_shared)."""
+    is padded to the target's programs per multiprocessor (ptx_jit.padded_shared);
+    ``host_sms``: the heuristics size grids for this GPU's multiprocessor count."""
     import torch
 
     from ..ops.sparse_mla import launch
@@ -275,7 +289,9 @@ def start_emulation(cc: int, device, target_smem: bool = False):
         if target_smem:
             torch.zeros(1, device=device)  # a CUDA context: the padding asks the driver
         # kernels launched before would keep their native binaries: start them afresh
-        emu = ptx_jit.enable(cc, reset=launch.launchable_kernels(), target_smem=target_smem)
+        emu = ptx_jit.enable(
+            cc, reset=launch.launchable_kernels(), target_smem=target_smem, host_sms=host_sms
+        )
         try:
             ptx_jit.check_jit(emu, device)
             return emu
@@ -344,7 +360,9 @@ def _bench(args: argparse.Namespace, device, emu) -> int:
     if emu is not None:
         from ..testing.ptx_jit import path_label
 
-        path = path_label(emu.cc, env["gpu"], emu.target_smem)
+        path = path_label(
+            emu.cc, env["gpu"], emu.target_smem, emu.arch.num_sms if emu.host_sms else None
+        )
         env["path"], env["emulated_sms"] = path, emu.arch.num_sms
         print(
             f"timing the {path} (tiles and split counts for {emu.arch.num_sms} SMs): these are "

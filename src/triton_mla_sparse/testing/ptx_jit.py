@@ -13,7 +13,8 @@ While emulation is enabled:
 - Triton's cache directory is a separate one (PTX stored as a "cubin" must never be found by a
   normal run, nor a real sm_8x cubin by this one);
 - optionally, triton_mla_sparse's architecture lookup (``ops.target._cuda_arch``) reports the
-  emulated target, so the heuristics choose that target's tiles and fp8 decode path.
+  emulated target, so the heuristics choose that target's tiles and fp8 decode path (and its
+  split counts: for the target's multiprocessor count, or with ``host_sms`` for this GPU's).
 
 It proves the instruction streams and tiles of those targets on real hardware; timings under
 emulation say nothing about an A100 or L40S (:func:`path_label` names them for what they are).
@@ -91,12 +92,16 @@ class EmulationUnavailable(RuntimeError):
     """This machine cannot run a target's PTX (no NVIDIA GPU, an older GPU, the driver's JIT)."""
 
 
-def path_label(cc: int, gpu: str, target_smem: bool = False) -> str:
+def path_label(cc: int, gpu: str, target_smem: bool = False, host_sms: int | None = None) -> str:
     """What timings under emulation are: ``"sm80 path by PTX JIT on NVIDIA H200"``, with
-    ``target_smem`` followed by ``", 164 KB shared memory a multiprocessor"``."""
+    ``target_smem`` followed by ``", 164 KB shared memory a multiprocessor"`` and with
+    ``host_sms`` (the grids sized for the host's multiprocessors, not the target's) by
+    ``", grids for 132 SMs"``."""
     label = f"sm{cc} path by PTX JIT on {gpu}"
     if target_smem:
         label += f", {TARGET_SMEM_PER_SM[cc] // 1024} KB shared memory a multiprocessor"
+    if host_sms is not None:
+        label += f", grids for {host_sms} SMs"
     return label
 
 
@@ -280,13 +285,15 @@ def loaded(kernel: Any) -> list[Any]:
 @dataclasses.dataclass
 class Emulation:
     """State of an enabled emulation; :meth:`disable` restores everything it patched.
-    ``arch``: triton_mla_sparse's Arch of the target (its SM count and shared memory)."""
+    ``arch``: triton_mla_sparse's Arch of the target (its SM count, or the host's with
+    ``host_sms``, and its shared memory)."""
 
     cc: int
     cache_dir: str
     compiled: list[Compiled] = dataclasses.field(default_factory=list)
     arch: Any = None
     target_smem: bool = False  # kernels launch as many blocks a multiprocessor as on the target
+    host_sms: bool = False  # arch.num_sms is the host GPU's, not the target's
     # with target_smem: the CUfunction handles of the kernels loaded for padded launches
     occupancy_functions: set = dataclasses.field(default_factory=set)
     _undo: list = dataclasses.field(default_factory=list, repr=False)
@@ -353,6 +360,7 @@ def enable(
     reset: Iterable[Any] = (),
     patch_project_arch: bool = True,
     target_smem: bool = False,
+    host_sms: bool = False,
 ) -> Emulation:
     """Make Triton compile for ``sm_<cc>`` and load the PTX through the driver's JIT.
 
@@ -368,6 +376,11 @@ def enable(
             programs as one of the target (its shared memory, threads and blocks per
             multiprocessor) would (needs a GPU and a CUDA context: call it after the first
             CUDA operation).
+        host_sms: the architecture the project's heuristics see (``patch_project_arch``) has
+            this GPU's multiprocessor count instead of the target's (TARGETS: 108 for sm80,
+            142 for sm89), so split counts fill this GPU as they fill a target of that many
+            multiprocessors; without it the grids are the target's own, and a host with more
+            (or fewer) multiprocessors runs them part-empty (or in extra waves). Needs a GPU.
     """
     global _ACTIVE
     if not isinstance(cc, int) or cc not in EMULATED_CCS:
@@ -382,7 +395,13 @@ def enable(
 
     cache_dir = cache_dir or os.path.join(tempfile.gettempdir(), f"triton-ptx-jit-sm{cc}")
     os.makedirs(cache_dir, exist_ok=True)
-    emu = Emulation(cc, cache_dir, arch=_project_arch(cc)[1], target_smem=target_smem)
+    arch = _project_arch(cc)[1]
+    if host_sms:
+        import torch
+
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        arch = dataclasses.replace(arch, num_sms=props.multi_processor_count)
+    emu = Emulation(cc, cache_dir, arch=arch, target_smem=target_smem, host_sms=host_sms)
     undo = emu._undo
     try:
         _set_env(undo, "TRITON_CACHE_DIR", cache_dir)
@@ -417,8 +436,8 @@ def enable(
             if got != target:
                 raise RuntimeError(f"Triton's active driver reports {got}, not {target}")
         if patch_project_arch:
-            target_mod, arch = _project_arch(cc)
-            _patch(undo, target_mod, "_cuda_arch", lambda index: arch)
+            target_mod = _project_arch(cc)[0]
+            _patch(undo, target_mod, "_cuda_arch", lambda index: emu.arch)
         if target_smem:
             import triton.knobs as knobs
 
