@@ -16,10 +16,12 @@ from conftest import DEVICE
 import triton_mla_sparse.ops.sparse_mla.launch as launch_mod
 from triton_mla_sparse import KernelConfig, sparse_mla
 from triton_mla_sparse.ops.sparse_mla.heuristics import (
+    SHORT_SPLIT_FILL,
     TARGETS,
     Arch,
     choose_config,
     fp16_mma_for,
+    num_splits_for,
     split_len_for,
 )
 from triton_mla_sparse.ops.sparse_mla.plan import DS_MLA, FAMILY_OF, LATENT, make_plan
@@ -501,3 +503,25 @@ def test_split_qk_is_the_16_head_four_warp_mma_sync_tiles_alone():
         with pytest.raises(ValueError, match="split_qk") as err:
             plan_for(4, 16, 2048, fmt=fmt, config=cfg)
         assert word in str(err.value), (word, err.value)
+
+
+@pytest.mark.parametrize(
+    "programs,sms,want",
+    [
+        (1, 132, 64),  # one program: one-step splits, 64 of them
+        (2, 132, 64),  # 32 two-step splits would give 64 of 132 SMs a program: keep one-step
+        (4, 132, 32),  # 32 two-step splits still give 128 of 132 SMs a program
+        (4, 108, 32),  # an A100's grid is two-step already (54 splits round up to 64 rows)
+        (4, 188, 64),  # 128 programs on 188 SMs: one-step splits stay
+        (8, 132, 32),  # two-step splits from the rounding alone: unchanged
+        (128, 132, 2),
+    ],
+)
+def test_one_step_splits_halve_where_the_grid_stays_full(programs, sms, want):
+    """num_splits_for: a one-step split count becomes half as many two-step splits where
+    those still give at least SHORT_SPLIT_FILL of the SMs a program; counts as split_len_for
+    runs them (top-k 2048 in 32-row steps, 16-head blocks)."""
+    splits = num_splits_for(programs, 2048, 32, sms, 16)
+    assert split_len_for(2048, splits, 32)[1] == want
+    if want == 32 and programs * 64 <= 2 * sms:  # the rule, not the rounding, chose it
+        assert programs * 32 >= SHORT_SPLIT_FILL * sms

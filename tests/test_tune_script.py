@@ -13,6 +13,7 @@ from triton_mla_sparse.ops.sparse_mla.heuristics import (
     ampere_gluon_smem,
     choose_config,
     num_splits_for,
+    split_len_for,
 )
 from triton_mla_sparse.ops.sparse_mla.plan import make_plan
 from triton_mla_sparse.ops.target import TARGETS
@@ -374,6 +375,18 @@ def test_target_smem_needs_a_path(tune, monkeypatch, capsys, tmp_path):
     assert "--target-smem applies to a target's path: give --arch too" in capsys.readouterr().err
 
 
+def test_host_sms_needs_a_path(tune, monkeypatch, capsys, tmp_path):
+    """--host-sms sizes an emulated target's grids for this GPU: without --arch it is refused
+    before any GPU work."""
+    monkeypatch.setattr(
+        "sys.argv", ["tune.py", "--only", "ds-split", "--host-sms", "--out", str(tmp_path)]
+    )
+    with pytest.raises(SystemExit) as info:
+        tune.main()
+    assert info.value.code == 2
+    assert "--host-sms applies to a target's path: give --arch too" in capsys.readouterr().err
+
+
 def test_profile_cases_target_smem_needs_a_path(monkeypatch, capsys):
     """profile_cases.py's --target-smem, like tune.py's, is refused without --arch, before any
     GPU work."""
@@ -383,3 +396,26 @@ def test_profile_cases_target_smem_needs_a_path(monkeypatch, capsys):
         prof.main()
     assert exc.value.code == 2
     assert "--target-smem applies to a target's path: give --arch too" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("cc", [80, 89, 90])
+def test_splits_sweep_varies_the_split_count_alone(tune, monkeypatch, cc):
+    """The splits sweep: the path's default first, then the same tile at other split counts
+    (as the launch runs them, none twice), every one a plan the kernels run."""
+    arch = dataclasses.replace(
+        next(a for a in TARGETS if a.backend == "cuda" and a.cc == cc), num_sms=132
+    )
+    monkeypatch.setattr(tune, "arch_of", lambda device: arch)
+    cases, configs = tune.SWEEPS["splits"]
+    assert {(c.tokens, c.heads) for c in cases} >= {(1, 8), (4, 16), (32, 128)}
+    for case in cases:
+        cfgs = configs(case)
+        default = choose_config(
+            case.tokens, case.heads, case.topk, case.dtype, case.kv_format, arch
+        )
+        assert cfgs[0] == default
+        counts = [split_len_for(case.topk, c.num_splits, c.block_n)[1] for c in cfgs]
+        assert len(set(counts)) == len(counts) and len(cfgs) >= 2
+        for cfg in cfgs[1:]:
+            assert dataclasses.replace(cfg, num_splits=default.num_splits) == default
+            plan_of(case, cfg, arch)

@@ -410,6 +410,22 @@ def ds_split_tiles(c: Case) -> list[KernelConfig]:
     return out
 
 
+def split_count_variants(c: Case) -> list[KernelConfig]:
+    """The path's default, then its tile at half, a quarter and twice its split count (the
+    counts the launch runs, deduplicated): where one-step splits (heuristics.SHORT_SPLIT_FILL)
+    or two programs a multiprocessor stop paying at short decode."""
+    arch = arch_of(torch.device("cuda"))
+    default = choose_config(c.tokens, c.heads, c.topk, c.dtype, c.kv_format, arch)
+    out = [default]
+    seen = {split_len_for(c.topk, default.num_splits, default.block_n)[1]}
+    for n in (default.num_splits // 2, default.num_splits // 4, 2 * default.num_splits):
+        k = split_len_for(c.topk, max(1, n), default.block_n)[1]
+        if k not in seen:
+            seen.add(k)
+            out.append(dataclasses.replace(default, num_splits=k))
+    return out
+
+
 # The mma.sync kernels' 32- and 64-head tiles for calls of 64-128 heads, in four and eight
 # warps per 32 heads; the eight-warp 32-head tile also capped at 128 registers, where ptxas
 # otherwise gives it 252 and a 256-thread program the whole register file (log entry 48: one
@@ -636,6 +652,17 @@ SWEEPS = {
         ],
         ds_split_tiles,
     ),
+    # both formats at 1-32 tokens: the split count against half, a quarter and twice as many
+    # (native, or a path with --arch, its grids for this GPU with --host-sms)
+    "splits": (
+        [
+            Case(f"decode T={t} H={h}", t, h, kv_format=fmt)
+            for fmt in ("fp8_ds_mla", "auto")
+            for t in (1, 2, 4, 8, 16, 32)
+            for h in (8, 16, 64, 128)
+        ],
+        split_count_variants,
+    ),
     # fp8_ds_mla and DeepSeek-V4 in 64-head folded tiles: indices a step ahead or not
     "ahead": (
         [
@@ -668,6 +695,12 @@ def main() -> None:
         "as on the target (testing.ptx_jit.padded_shared)",
     )
     ap.add_argument(
+        "--host-sms",
+        action="store_true",
+        help="with --arch: the heuristics' grids (split counts) sized for this GPU's "
+        "multiprocessors instead of the target's (testing.ptx_jit.enable's host_sms)",
+    )
+    ap.add_argument(
         "--max-seconds",
         type=float,
         help="start no configuration after this many seconds minus a reserve for one more "
@@ -681,6 +714,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.target_smem and args.arch is None:
         ap.error("--target-smem applies to a target's path: give --arch too")
+    if args.host_sms and args.arch is None:
+        ap.error("--host-sms applies to a target's path: give --arch too")
     args.out.mkdir(parents=True, exist_ok=True)
     dev = torch.device("cuda")
     path = "native"
@@ -688,10 +723,17 @@ def main() -> None:
         from triton_mla_sparse.cli.bench import start_emulation
         from triton_mla_sparse.testing.ptx_jit import path_label
 
-        emu = start_emulation(ARCH_CHOICES[args.arch], dev, target_smem=args.target_smem)
+        emu = start_emulation(
+            ARCH_CHOICES[args.arch], dev, target_smem=args.target_smem, host_sms=args.host_sms
+        )
         if emu is None:  # it says why
             raise SystemExit(2)
-        path = path_label(emu.cc, torch.cuda.get_device_name(dev), emu.target_smem)
+        path = path_label(
+            emu.cc,
+            torch.cuda.get_device_name(dev),
+            emu.target_smem,
+            emu.arch.num_sms if emu.host_sms else None,
+        )
         print(f"sweeping the {path}: this GPU's times, not an {args.arch} GPU's", flush=True)
     sweep(args, dev, path)
 

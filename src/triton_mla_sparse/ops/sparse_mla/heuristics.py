@@ -133,6 +133,15 @@ E4M3_DECODE_DEFAULT = "scalar"
 # count up to which a call is in the latency regime (few short gather loops per program).
 PACKED_DECODE_CCS = (80,)
 SHORT_DECODE_TOKENS = 16
+# A split of one step pays a program's fixed costs (its queries' load, its fp32 partial's store
+# and the merge's read of it) for one step of rows. Where half as many two-step splits still
+# give this share of the SMs a program, they are the faster grid: H100, Triton 3.8, top-k 2048,
+# 64 one-step splits (two programs per SM) against 32 two-step ones: 4 tokens x 16 heads
+# 11.0 / 9.5 us bf16 and 11.6 / 10.8 fp8_ds_mla on the sm80 path, 10.8 / 9.4 and 11.4 / 10.2
+# natively; 4 x 8 heads 9.0 / 8.4 natively; 1 x 128 heads 16.3 / 13.4 bf16 on the sm89 path,
+# 17.0 / 13.9 fp8_ds_mla on the sm80 path (docs/perf-log/76-split-steps-h100.txt). Where half
+# as many fill fewer SMs (1-2 tokens x 8-16 heads), the one-step splits stay faster.
+SHORT_SPLIT_FILL = 0.9
 
 # The per-group-scaled e4m3 formats: one kernel structure (scaled chunks folded into the logits
 # and into P), the same tiles.
@@ -367,11 +376,19 @@ def num_splits_for(programs: int, width: int, block_n: int, num_sms: int, block_
 
     Memory-bound head blocks (<= 32 heads) aim at two programs per SM, MMA-bound 64-head blocks
     at one; rounding to the nearest count measured better than rounding up (H200: 128 tokens x
-    16 heads, 2 splits 98 us, 3 splits 127 us).
+    16 heads, 2 splits 98 us, 3 splits 127 us). Splits of a single step become two-step ones
+    where half as many still give nearly every SM a program (SHORT_SPLIT_FILL).
     """
     target = (2 if block_h <= 32 else 1) * num_sms
     steps = -(-width // block_n)
-    return max(1, min(round(target / programs), steps))
+    splits = max(1, min(round(target / programs), steps))
+    if (
+        split_len_for(width, splits, block_n)[0] <= block_n
+        and steps >= 2
+        and programs * (steps // 2) >= SHORT_SPLIT_FILL * num_sms
+    ):
+        splits = steps // 2
+    return splits
 
 
 def choose_config(
