@@ -135,12 +135,13 @@ PACKED_DECODE_CCS = (80,)
 SHORT_DECODE_TOKENS = 16
 # A split of one step pays a program's fixed costs (its queries' load, its fp32 partial's store
 # and the merge's read of it) for one step of rows. Where half as many two-step splits still
-# give this share of the SMs a program, they are the faster grid: H100, Triton 3.8, top-k 2048,
-# 64 one-step splits (two programs per SM) against 32 two-step ones: 4 tokens x 16 heads
-# 11.0 / 9.5 us bf16 and 11.6 / 10.8 fp8_ds_mla on the sm80 path, 10.8 / 9.4 and 11.4 / 10.2
-# natively; 4 x 8 heads 9.0 / 8.4 natively; 1 x 128 heads 16.3 / 13.4 bf16 on the sm89 path,
-# 17.0 / 13.9 fp8_ds_mla on the sm80 path (docs/perf-log/76-split-steps-h100.txt). Where half
-# as many fill fewer SMs (1-2 tokens x 8-16 heads), the one-step splits stay faster.
+# give this share of the SMs a program, they are the faster grid. H100 (132 SMs; the sm80 and
+# sm89 paths by PTX JIT with their grids sized for it), Triton 3.8, top-k 2048, 64 one-step
+# splits against 32 two-step ones, µs: 4 tokens x 16 heads 11.0 / 9.5 bf16 and 11.6 / 10.8
+# fp8_ds_mla on the sm80 path, 10.8 / 9.4 and 11.4 / 10.2 natively; 4 x 8 heads 9.0 / 8.4
+# natively; 1 x 128 heads 16.3 / 13.4 bf16 on the sm89 path and 17.0 / 13.9 fp8_ds_mla on the
+# sm80 path (docs/perf-log/76-host-sms-and-split-steps-h100.txt). Where half as many fill
+# fewer SMs (1-2 tokens x 8-16 heads) the one-step splits stay faster.
 SHORT_SPLIT_FILL = 0.9
 
 # The per-group-scaled e4m3 formats: one kernel structure (scaled chunks folded into the logits
