@@ -387,15 +387,16 @@ def test_host_sms_needs_a_path(tune, monkeypatch, capsys, tmp_path):
     assert "--host-sms applies to a target's path: give --arch too" in capsys.readouterr().err
 
 
-def test_profile_cases_target_smem_needs_a_path(monkeypatch, capsys):
-    """profile_cases.py's --target-smem, like tune.py's, is refused without --arch, before any
-    GPU work."""
+@pytest.mark.parametrize("flag", ["--target-smem", "--host-sms"])
+def test_profile_cases_emulation_options_need_a_path(monkeypatch, capsys, flag):
+    """profile_cases.py's --target-smem and --host-sms, like tune.py's, are refused without
+    --arch, before any GPU work."""
     prof = load_script("benchmarks/perf/profile_cases.py", "tms_profile_cases_script")
-    monkeypatch.setattr("sys.argv", ["profile_cases.py", "--target-smem"])
+    monkeypatch.setattr("sys.argv", ["profile_cases.py", flag])
     with pytest.raises(SystemExit) as exc:
         prof.main()
     assert exc.value.code == 2
-    assert "--target-smem applies to a target's path: give --arch too" in capsys.readouterr().err
+    assert f"{flag} applies to a target's path: give --arch too" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("cc", [80, 89, 90])

@@ -53,14 +53,23 @@ def main() -> None:
         action="store_true",
         help="with --arch: the target's programs per multiprocessor (padded launches)",
     )
+    ap.add_argument(
+        "--host-sms",
+        action="store_true",
+        help="with --arch: the grids (split counts) sized for this GPU's multiprocessors",
+    )
     ap.add_argument("names", nargs="*", help="substrings of the case names to run (default all)")
     args = ap.parse_args()
     if args.target_smem and args.arch is None:
         ap.error("--target-smem applies to a target's path: give --arch too")
+    if args.host_sms and args.arch is None:
+        ap.error("--host-sms applies to a target's path: give --arch too")
     want = args.names
     dev = torch.device("cuda")
     if args.arch is not None:
-        emu = start_emulation(ARCH_CHOICES[args.arch], dev, target_smem=args.target_smem)
+        emu = start_emulation(
+            ARCH_CHOICES[args.arch], dev, target_smem=args.target_smem, host_sms=args.host_sms
+        )
         if emu is None:
             raise SystemExit(2)  # it says why
     for case, cfg in CASES:
