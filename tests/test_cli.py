@@ -678,6 +678,7 @@ def test_host_sms_sizes_the_emulated_grids_for_this_gpu():
             ptx_jit.check_jit(emu, dev)
             arch = arch_of(dev)
             assert (arch.cc, arch.num_sms, arch.smem_bytes) == (80, sms, a100.smem_bytes)
+            assert emu.grid_sms == (host if host_sms else None)
             cfg = choose_config(64, 16, 2048, torch.bfloat16, "fp8_ds_mla", arch)
             assert cfg.num_splits == num_splits_for(64, 2048, cfg.block_n, sms, cfg.block_h)
             assert run_case(case, dev, time_it=False).passed

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import types
 
 import pytest
 import torch
@@ -120,8 +119,7 @@ def test_a_run_end_to_end_with_test_doubles(targets, monkeypatch, tmp_path):
     asked = set()
 
     class FakeEmulation:  # test double: what execute reads of an emulation
-        host_sms = True
-        arch = types.SimpleNamespace(num_sms=132)
+        grid_sms = 132  # as ptx_jit.Emulation's with host_sms on a 132-SM GPU
 
     @contextlib.contextmanager
     def fake_path_context(path, device, target_smem=False, host_sms=False):  # no emulation

@@ -363,28 +363,18 @@ def test_register_cap_sweep_plans_on_sm90(tune, monkeypatch):
             assert plan.config.max_registers == cfg.max_registers
 
 
-def test_target_smem_needs_a_path(tune, monkeypatch, capsys, tmp_path):
-    """--target-smem gives the emulated target's shared memory per multiprocessor: without
-    --arch there is no target, and the script says so before touching a GPU."""
-    monkeypatch.setattr(
-        "sys.argv", ["tune.py", "--only", "ampere-wide", "--target-smem", "--out", str(tmp_path)]
-    )
+@pytest.mark.parametrize(
+    "flag,sweep", [("--target-smem", "ampere-wide"), ("--host-sms", "ds-split")]
+)
+def test_emulation_options_need_a_path(tune, monkeypatch, capsys, tmp_path, flag, sweep):
+    """--target-smem (the emulated target's shared memory per multiprocessor) and --host-sms
+    (its grids sized for this GPU): without --arch there is no target, and the script says so
+    before touching a GPU."""
+    monkeypatch.setattr("sys.argv", ["tune.py", "--only", sweep, flag, "--out", str(tmp_path)])
     with pytest.raises(SystemExit) as exc:
         tune.main()
     assert exc.value.code == 2
-    assert "--target-smem applies to a target's path: give --arch too" in capsys.readouterr().err
-
-
-def test_host_sms_needs_a_path(tune, monkeypatch, capsys, tmp_path):
-    """--host-sms sizes an emulated target's grids for this GPU: without --arch it is refused
-    before any GPU work."""
-    monkeypatch.setattr(
-        "sys.argv", ["tune.py", "--only", "ds-split", "--host-sms", "--out", str(tmp_path)]
-    )
-    with pytest.raises(SystemExit) as info:
-        tune.main()
-    assert info.value.code == 2
-    assert "--host-sms applies to a target's path: give --arch too" in capsys.readouterr().err
+    assert f"{flag} applies to a target's path: give --arch too" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("flag", ["--target-smem", "--host-sms"])

@@ -286,9 +286,11 @@ def execute(args, device, runner=run_one, log=print, clock=time.monotonic) -> di
         except flashmla.PeerUnavailable as e:
             fmla_note = f"FlashMLA not run: {e}"
             log(fmla_note)
-    if getattr(args, "target_smem", False):
+    target_smem = getattr(args, "target_smem", False)
+    host_sms = getattr(args, "host_sms", False)
+    if target_smem:
         log("emulated paths with their target's shared memory per multiprocessor (--target-smem)")
-    if getattr(args, "host_sms", False):
+    if host_sms:
         log("emulated paths' grids sized for this GPU's multiprocessors (--host-sms)")
     runs = plan_runs(args.paths, native_cc)
     rows, peers, skipped, refused = [], {}, [], {}
@@ -307,14 +309,9 @@ def execute(args, device, runner=run_one, log=print, clock=time.monotonic) -> di
             skipped += [(r, "time budget") for r in group]
             continue
         try:
-            with path_context(
-                path,
-                device,
-                getattr(args, "target_smem", False),
-                getattr(args, "host_sms", False),
-            ) as emu:
-                if getattr(emu, "host_sms", False):
-                    grid_sms = emu.arch.num_sms
+            with path_context(path, device, target_smem, host_sms) as emu:
+                if emu is not None:
+                    grid_sms = emu.grid_sms
                 for run in group:
                     if elapsed() > args.max_seconds - RESERVE_S:
                         skipped.append((run, "time budget"))
@@ -338,8 +335,8 @@ def execute(args, device, runner=run_one, log=print, clock=time.monotonic) -> di
     return {
         "environment": _environment(gpu, native_cc, ceilings)
         | {
-            "target_smem": getattr(args, "target_smem", False),
-            "host_sms": getattr(args, "host_sms", False),
+            "target_smem": target_smem,
+            "host_sms": host_sms,
             "grid_sms": grid_sms,
         },
         "rows": table_rows,

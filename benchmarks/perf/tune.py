@@ -401,13 +401,18 @@ def ds_split_tiles(c: Case) -> list[KernelConfig]:
             if ampere_gluon_smem(16, 32, ring, c.kv_format, split_qk=split) > arch.smem_bytes:
                 continue
             cfg = ampere_config(c, arch, 16, 32, 4, ring, split_qk=split)
-            counts = (cfg.num_splits, cfg.num_splits + 1, 2 * cfg.num_splits)
-            # the counts the launch runs (a count past the walk's steps covers it in fewer)
-            for k in sorted({split_len_for(c.topk, n, cfg.block_n)[1] for n in counts}):
-                variant = dataclasses.replace(cfg, num_splits=k)
+            k = cfg.num_splits
+            for variant in at_split_counts(cfg, c.topk, (k, k + 1, 2 * k)):
                 if variant not in out:
                     out.append(variant)
     return out
+
+
+def at_split_counts(cfg: KernelConfig, width: int, counts) -> list[KernelConfig]:
+    """``cfg`` at each of ``counts`` as the launch runs it (split_len_for: a count past the
+    walk's steps covers it in fewer), each run count once, in the order given."""
+    runs = dict.fromkeys(split_len_for(width, max(1, n), cfg.block_n)[1] for n in counts)
+    return [dataclasses.replace(cfg, num_splits=k) for k in runs]
 
 
 def split_count_variants(c: Case) -> list[KernelConfig]:
@@ -416,14 +421,9 @@ def split_count_variants(c: Case) -> list[KernelConfig]:
     or two programs a multiprocessor stop paying at short decode."""
     arch = arch_of(torch.device("cuda"))
     default = choose_config(c.tokens, c.heads, c.topk, c.dtype, c.kv_format, arch)
-    out = [default]
-    seen = {split_len_for(c.topk, default.num_splits, default.block_n)[1]}
-    for n in (default.num_splits // 2, default.num_splits // 4, 2 * default.num_splits):
-        k = split_len_for(c.topk, max(1, n), default.block_n)[1]
-        if k not in seen:
-            seen.add(k)
-            out.append(dataclasses.replace(default, num_splits=k))
-    return out
+    k = default.num_splits
+    # the first is the default's own count as run: the default itself stands for it
+    return [default, *at_split_counts(default, c.topk, (k, k // 2, k // 4, 2 * k))[1:]]
 
 
 # The mma.sync kernels' 32- and 64-head tiles for calls of 64-128 heads, in four and eight
@@ -728,12 +728,7 @@ def main() -> None:
         )
         if emu is None:  # it says why
             raise SystemExit(2)
-        path = path_label(
-            emu.cc,
-            torch.cuda.get_device_name(dev),
-            emu.target_smem,
-            emu.arch.num_sms if emu.host_sms else None,
-        )
+        path = path_label(emu.cc, torch.cuda.get_device_name(dev), emu.target_smem, emu.grid_sms)
         print(f"sweeping the {path}: this GPU's times, not an {args.arch} GPU's", flush=True)
     sweep(args, dev, path)
 

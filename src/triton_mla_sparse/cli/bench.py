@@ -360,9 +360,7 @@ def _bench(args: argparse.Namespace, device, emu) -> int:
     if emu is not None:
         from ..testing.ptx_jit import path_label
 
-        path = path_label(
-            emu.cc, env["gpu"], emu.target_smem, emu.arch.num_sms if emu.host_sms else None
-        )
+        path = path_label(emu.cc, env["gpu"], emu.target_smem, emu.grid_sms)
         env["path"], env["emulated_sms"] = path, emu.arch.num_sms
         print(
             f"timing the {path} (tiles and split counts for {emu.arch.num_sms} SMs): these are "

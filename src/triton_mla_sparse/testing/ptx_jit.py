@@ -298,6 +298,12 @@ class Emulation:
     occupancy_functions: set = dataclasses.field(default_factory=set)
     _undo: list = dataclasses.field(default_factory=list, repr=False)
 
+    @property
+    def grid_sms(self) -> int | None:
+        """With ``host_sms``, the host's multiprocessor count the grids are sized for (what
+        :func:`path_label` names); None where they are the target's."""
+        return self.arch.num_sms if self.host_sms else None
+
     def too_big(self, since: int = 0) -> list[Compiled]:
         """The kernels compiled (from ``compiled[since]`` on) whose shared memory exceeds the
         target's: they run here, on the host GPU's larger shared memory, but would not launch

@@ -383,11 +383,8 @@ def num_splits_for(programs: int, width: int, block_n: int, num_sms: int, block_
     target = (2 if block_h <= 32 else 1) * num_sms
     steps = -(-width // block_n)
     splits = max(1, min(round(target / programs), steps))
-    if (
-        split_len_for(width, splits, block_n)[0] <= block_n
-        and steps >= 2
-        and programs * (steps // 2) >= SHORT_SPLIT_FILL * num_sms
-    ):
+    # as many splits as steps: each split one step
+    if splits == steps >= 2 and programs * (steps // 2) >= SHORT_SPLIT_FILL * num_sms:
         splits = steps // 2
     return splits
 
