@@ -21,6 +21,7 @@ from triton_mla_sparse.ops.sparse_mla.heuristics import (
     Arch,
     choose_config,
     fp16_mma_for,
+    long_splits_pay,
     num_splits_for,
     split_len_for,
 )
@@ -525,3 +526,36 @@ def test_one_step_splits_halve_where_the_grid_stays_full(programs, sms, want):
     assert split_len_for(2048, splits, 32)[1] == want
     if want == 32 and programs * 64 <= 2 * sms:  # the rule, not the rounding, chose it
         assert programs * 32 >= SHORT_SPLIT_FILL * sms
+
+
+@pytest.mark.parametrize(
+    "programs,sms,long_splits,want",
+    [
+        (8, 132, True, 16),  # 16 four-step splits give 128 of 132 SMs a program
+        (8, 132, False, 32),
+        (8, 142, True, 16),  # 128 >= 0.9 x 142
+        (8, 188, True, 32),  # 128 of 188 SMs: two-step splits stay
+        (4, 132, True, 32),  # the one-step rule's two-step splits: halving again leaves 64
+        (12, 132, True, 22),  # three-step splits (96 rows): unchanged
+        (128, 132, True, 2),  # 32-step splits: unchanged
+    ],
+)
+def test_two_step_splits_halve_where_long_splits_pay(programs, sms, long_splits, want):
+    """num_splits_for(long_splits=True): two-step splits become half as many four-step ones
+    where those still give SHORT_SPLIT_FILL of the SMs a program (top-k 2048 in 32-row
+    steps, 16-head blocks; counts as split_len_for runs them)."""
+    splits = num_splits_for(programs, 2048, 32, sms, 16, long_splits=long_splits)
+    assert split_len_for(2048, splits, 32)[1] == want
+
+
+def test_long_splits_by_format_and_heads_a_program_holds():
+    """long_splits_pay: rows in q's dtype from 16 heads a program, fp8_ds_mla from 32, formats
+    not timed never; through choose_config, 8 tokens x 16 heads of bf16 rows on 132 SMs run
+    16 four-step splits and fp8_ds_mla there keeps 32 two-step ones."""
+    assert long_splits_pay("auto", 16, 16) and long_splits_pay("auto", 128, 32)
+    assert not long_splits_pay("auto", 8, 16)  # 8 heads in a 16-head tile
+    assert long_splits_pay("fp8_ds_mla", 64, 32) and not long_splits_pay("fp8_ds_mla", 16, 16)
+    assert not long_splits_pay("fp8", 128, 64) and not long_splits_pay("fp8_ds_mla_v4", 64, 64)
+    for fmt, want in (("auto", 16), ("fp8_ds_mla", 32)):
+        cfg = choose_config(8, 16, 2048, torch.bfloat16, fmt, H200)
+        assert (cfg.block_h, split_len_for(2048, cfg.num_splits, cfg.block_n)[1]) == (16, want)

@@ -30,6 +30,7 @@ from triton_mla_sparse.ops.sparse_mla.heuristics import (
     ampere_gluon_smem,
     arch_of,
     choose_config,
+    long_splits_pay,
     max_block_h,
     num_splits_for,
     split_len_for,
@@ -276,7 +277,14 @@ def ampere_config(c: Case, arch, block_h, block_n, warps, ring, **extra) -> Kern
     at the split count the heuristics give that tile; ``extra``: other KernelConfig fields."""
     ds_mla = c.kv_format == "fp8_ds_mla"  # its tile dequantized with the fp16 fold
     programs = c.tokens * -(-c.heads // block_h)
-    splits = num_splits_for(programs, c.topk, block_n, arch.num_sms, block_h)
+    splits = num_splits_for(
+        programs,
+        c.topk,
+        block_n,
+        arch.num_sms,
+        block_h,
+        long_splits=long_splits_pay(c.kv_format, c.heads, block_h),
+    )
     return KernelConfig(
         block_h,
         block_n,
@@ -659,7 +667,7 @@ SWEEPS = {
             Case(f"decode T={t} H={h}", t, h, kv_format=fmt)
             for fmt in ("fp8_ds_mla", "auto")
             for t in (1, 2, 4, 8, 16, 32)
-            for h in (8, 16, 64, 128)
+            for h in (8, 16, 32, 64, 128)
         ],
         split_count_variants,
     ),

@@ -37,6 +37,7 @@ __all__ = [
     "ampere_gluon_smem",
     "ampere_gluon_warps",
     "gluon_form_for",
+    "long_splits_pay",
     "max_block_h",
     "num_splits_for",
     "split_len_for",
@@ -143,6 +144,19 @@ SHORT_DECODE_TOKENS = 16
 # sm80 path (docs/perf-log/76-host-sms-and-split-steps-h100.txt). Where half as many fill
 # fewer SMs (1-2 tokens x 8-16 heads) the one-step splits stay faster.
 SHORT_SPLIT_FILL = 0.9
+# Two-step splits pay the same fixed costs over two steps; each split's fp32 partial output
+# (heads x 512 x 4 bytes) is written and read back by the merge, so the more heads a program
+# holds, the more halving the split count saves. Where half as many four-step splits still
+# give SHORT_SPLIT_FILL of the SMs a program, they are the faster grid from this many heads a
+# program (per kv_format; formats not listed were not timed and keep two-step splits). H100
+# (132 SMs; the sm80 and sm89 paths by PTX JIT with their grids sized for it), Triton 3.8,
+# top-k 2048, 32 two-step splits against 16 four-step ones, µs: rows in bf16 at 16-32 heads
+# a program 0.86-0.94x on every path (8 x 16 13.5 / 12.4 natively, 8 x 32 21.7 / 19.1; the
+# sm89 path's 2 x 128 and 4 x 64 18.8 / 17.0 and 19.3 / 17.1; the sm80 path's 16 x 32, 16
+# splits against 8, 31.0 / 28.8) but 0.99-1.02x at 8 heads; fp8_ds_mla, whose steps cost
+# more, at 32 heads 0.78-0.98x (8 x 32 natively 28.7 / 22.5, the sm80 path's 2 x 128 and 4 x
+# 64 0.98x) and at 16 heads 0.98-1.04x (docs/perf-log/78-split-steps-h100.txt).
+LONG_SPLIT_MIN_HEADS = {"auto": 16, "fp8_ds_mla": 32}
 
 # The per-group-scaled e4m3 formats: one kernel structure (scaled chunks folded into the logits
 # and into P), the same tiles.
@@ -372,13 +386,23 @@ def e4m3_decode_for(
     return "packed"
 
 
-def num_splits_for(programs: int, width: int, block_n: int, num_sms: int, block_h: int = 16) -> int:
+def num_splits_for(
+    programs: int,
+    width: int,
+    block_n: int,
+    num_sms: int,
+    block_h: int = 16,
+    *,
+    long_splits: bool = False,
+) -> int:
     """Split the top-k only while (tokens x head blocks) cannot fill the GPU.
 
     Memory-bound head blocks (<= 32 heads) aim at two programs per SM, MMA-bound 64-head blocks
     at one; rounding to the nearest count measured better than rounding up (H200: 128 tokens x
     16 heads, 2 splits 98 us, 3 splits 127 us). Splits of a single step become two-step ones
-    where half as many still give nearly every SM a program (SHORT_SPLIT_FILL).
+    where half as many still give nearly every SM a program (SHORT_SPLIT_FILL); with
+    ``long_splits`` (long_splits_pay), two-step splits become four-step ones on the same
+    condition.
     """
     target = (2 if block_h <= 32 else 1) * num_sms
     steps = -(-width // block_n)
@@ -386,7 +410,19 @@ def num_splits_for(programs: int, width: int, block_n: int, num_sms: int, block_
     # as many splits as steps: each split one step
     if splits == steps >= 2 and programs * (steps // 2) >= SHORT_SPLIT_FILL * num_sms:
         splits = steps // 2
+    if long_splits:
+        per, count = split_len_for(width, splits, block_n)
+        if per == 2 * block_n and programs * (count // 2) >= SHORT_SPLIT_FILL * num_sms:
+            splits = count // 2
     return splits
+
+
+def long_splits_pay(kv_format: str, num_heads: int, block_h: int) -> bool:
+    """Whether two-step splits should become four-step ones (num_splits_for's
+    ``long_splits``): a program holds min(num_heads, block_h) heads, at least
+    LONG_SPLIT_MIN_HEADS[kv_format]."""
+    least = LONG_SPLIT_MIN_HEADS.get(kv_format)
+    return least is not None and min(num_heads, block_h) >= least
 
 
 def choose_config(
@@ -422,7 +458,14 @@ def choose_config(
     num_hb = -(-num_heads // block_h)
     programs = num_tokens * num_hb
     base = tile_config(block_h, dtype, kv_format, arch, programs)
-    splits = num_splits_for(programs, width, base.block_n, arch.num_sms, block_h)
+    splits = num_splits_for(
+        programs,
+        width,
+        base.block_n,
+        arch.num_sms,
+        block_h,
+        long_splits=long_splits_pay(kv_format, num_heads, block_h),
+    )
     cfg = dataclasses.replace(base, num_splits=splits)
     if block_table and cfg.idx_ahead:
         # the same tiles and stages with the in-step loop (what block-table calls have run)
@@ -727,7 +770,14 @@ def ampere_gluon_config(
     else:
         return None
     programs = num_tokens * -(-num_heads // block_h)
-    splits = num_splits_for(programs, width, AMPERE_GLUON_BLOCK_N, arch.num_sms, block_h)
+    splits = num_splits_for(
+        programs,
+        width,
+        AMPERE_GLUON_BLOCK_N,
+        arch.num_sms,
+        block_h,
+        long_splits=long_splits_pay(kv_format, num_heads, block_h),
+    )
     num_warps = ampere_gluon_warps(block_h)
     per_split = split_len_for(width, splits, AMPERE_GLUON_BLOCK_N)[0]
     return KernelConfig(
