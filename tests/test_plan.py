@@ -549,13 +549,17 @@ def test_two_step_splits_halve_where_long_splits_pay(programs, sms, long_splits,
 
 
 def test_long_splits_by_format_and_heads_a_program_holds():
-    """long_splits_pay: rows in q's dtype from 16 heads a program, fp8_ds_mla from 32, formats
-    not timed never; through choose_config, 8 tokens x 16 heads of bf16 rows on 132 SMs run
+    """long_splits_pay: rows in q's dtype from 16 heads a program, fp8_ds_mla from 32, with q
+    in 16 bits; formats and fp32 q, not timed, never; through choose_config, 8 tokens x 16 heads of bf16 rows on 132 SMs run
     16 four-step splits and fp8_ds_mla there keeps 32 two-step ones."""
-    assert long_splits_pay("auto", 16, 16) and long_splits_pay("auto", 128, 32)
-    assert not long_splits_pay("auto", 8, 16)  # 8 heads in a 16-head tile
-    assert long_splits_pay("fp8_ds_mla", 64, 32) and not long_splits_pay("fp8_ds_mla", 16, 16)
-    assert not long_splits_pay("fp8", 128, 64) and not long_splits_pay("fp8_ds_mla_v4", 64, 64)
+    bf16, fp16, fp32 = torch.bfloat16, torch.float16, torch.float32
+    assert long_splits_pay(bf16, "auto", 16, 16) and long_splits_pay(fp16, "auto", 128, 32)
+    assert not long_splits_pay(bf16, "auto", 8, 16)  # 8 heads in a 16-head tile
+    assert not long_splits_pay(fp32, "auto", 16, 16)  # fp32 q: not timed
+    assert long_splits_pay(bf16, "fp8_ds_mla", 64, 32)
+    assert not long_splits_pay(bf16, "fp8_ds_mla", 16, 16)
+    assert not long_splits_pay(bf16, "fp8", 128, 64)
+    assert not long_splits_pay(bf16, "fp8_ds_mla_v4", 64, 64)
     for fmt, want in (("auto", 16), ("fp8_ds_mla", 32)):
         cfg = choose_config(8, 16, 2048, torch.bfloat16, fmt, H200)
         assert (cfg.block_h, split_len_for(2048, cfg.num_splits, cfg.block_n)[1]) == (16, want)

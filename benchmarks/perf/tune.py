@@ -283,7 +283,7 @@ def ampere_config(c: Case, arch, block_h, block_n, warps, ring, **extra) -> Kern
         block_n,
         arch.num_sms,
         block_h,
-        long_splits=long_splits_pay(c.kv_format, c.heads, block_h),
+        long_splits=long_splits_pay(c.dtype, c.kv_format, c.heads, block_h),
     )
     return KernelConfig(
         block_h,

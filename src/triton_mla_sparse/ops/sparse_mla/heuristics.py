@@ -417,12 +417,16 @@ def num_splits_for(
     return splits
 
 
-def long_splits_pay(kv_format: str, num_heads: int, block_h: int) -> bool:
+def long_splits_pay(dtype: torch.dtype, kv_format: str, num_heads: int, block_h: int) -> bool:
     """Whether two-step splits should become four-step ones (num_splits_for's
-    ``long_splits``): a program holds min(num_heads, block_h) heads, at least
-    LONG_SPLIT_MIN_HEADS[kv_format]."""
+    ``long_splits``): q in 16 bits (the kernels timed; fp32 q runs other tiles) and a program
+    holding min(num_heads, block_h) heads, at least LONG_SPLIT_MIN_HEADS[kv_format]."""
     least = LONG_SPLIT_MIN_HEADS.get(kv_format)
-    return least is not None and min(num_heads, block_h) >= least
+    return (
+        dtype in (torch.bfloat16, torch.float16)
+        and least is not None
+        and min(num_heads, block_h) >= least
+    )
 
 
 def choose_config(
@@ -464,7 +468,7 @@ def choose_config(
         base.block_n,
         arch.num_sms,
         block_h,
-        long_splits=long_splits_pay(kv_format, num_heads, block_h),
+        long_splits=long_splits_pay(dtype, kv_format, num_heads, block_h),
     )
     cfg = dataclasses.replace(base, num_splits=splits)
     if block_table and cfg.idx_ahead:
@@ -776,7 +780,7 @@ def ampere_gluon_config(
         AMPERE_GLUON_BLOCK_N,
         arch.num_sms,
         block_h,
-        long_splits=long_splits_pay(kv_format, num_heads, block_h),
+        long_splits=long_splits_pay(dtype, kv_format, num_heads, block_h),
     )
     num_warps = ampere_gluon_warps(block_h)
     per_split = split_len_for(width, splits, AMPERE_GLUON_BLOCK_N)[0]
