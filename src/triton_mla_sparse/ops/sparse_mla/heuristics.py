@@ -148,7 +148,8 @@ SHORT_SPLIT_FILL = 0.9
 # (heads x 512 x 4 bytes) is written and read back by the merge, so the more heads a program
 # holds, the more halving the split count saves. Where half as many four-step splits still
 # give SHORT_SPLIT_FILL of the SMs a program, they are the faster grid from this many heads a
-# program (per kv_format; formats not listed were not timed and keep two-step splits). H100
+# program (per kv_format, q in 16 bits; formats not listed and fp32 q were not timed and keep
+# two-step splits). H100
 # (132 SMs; the sm80 and sm89 paths by PTX JIT with their grids sized for it), Triton 3.8,
 # top-k 2048, 32 two-step splits against 16 four-step ones, µs: rows in bf16 at 16-32 heads
 # a program 0.86-0.94x on every path (8 x 16 13.5 / 12.4 natively, 8 x 32 21.7 / 19.1; the
