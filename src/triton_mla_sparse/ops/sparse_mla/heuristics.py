@@ -400,21 +400,23 @@ def num_splits_for(
 
     Memory-bound head blocks (<= 32 heads) aim at two programs per SM, MMA-bound 64-head blocks
     at one; rounding to the nearest count measured better than rounding up (H200: 128 tokens x
-    16 heads, 2 splits 98 us, 3 splits 127 us). Splits of a single step become two-step ones
-    where half as many still give nearly every SM a program (SHORT_SPLIT_FILL); with
+    16 heads, 2 splits 98 us, 3 splits 127 us). Splits of a single step become half as many
+    two-step ones where those still give nearly every SM a program (SHORT_SPLIT_FILL); with
     ``long_splits`` (long_splits_pay), two-step splits become four-step ones on the same
     condition.
     """
     target = (2 if block_h <= 32 else 1) * num_sms
     steps = -(-width // block_n)
     splits = max(1, min(round(target / programs), steps))
-    # as many splits as steps: each split one step
-    if splits == steps >= 2 and programs * (steps // 2) >= SHORT_SPLIT_FILL * num_sms:
-        splits = steps // 2
-    if long_splits:
+    # the longest split that halves: one step, or two with long_splits (a halved split is
+    # longer than that, so each rule halves at most once)
+    halves_up_to = (2 if long_splits else 1) * block_n
+    per, count = split_len_for(width, splits, block_n)
+    while (
+        per <= halves_up_to and count >= 2 and programs * (count // 2) >= SHORT_SPLIT_FILL * num_sms
+    ):
+        splits = count // 2
         per, count = split_len_for(width, splits, block_n)
-        if per == 2 * block_n and programs * (count // 2) >= SHORT_SPLIT_FILL * num_sms:
-            splits = count // 2
     return splits
 
 
