@@ -550,8 +550,9 @@ def test_two_step_splits_halve_where_long_splits_pay(programs, sms, long_splits,
 
 def test_long_splits_by_format_and_heads_a_program_holds():
     """long_splits_pay: rows in q's dtype from 16 heads a program, fp8_ds_mla from 32, with q
-    in 16 bits; formats and fp32 q, not timed, never; through choose_config, 8 tokens x 16 heads of bf16 rows on 132 SMs run
-    16 four-step splits and fp8_ds_mla there keeps 32 two-step ones."""
+    in 16 bits; formats and fp32 q, not timed, never; through choose_config, 8 tokens x 16
+    heads of bf16 rows on 132 SMs run 16 four-step splits and fp8_ds_mla there keeps 32
+    two-step ones."""
     bf16, fp16, fp32 = torch.bfloat16, torch.float16, torch.float32
     assert long_splits_pay(bf16, "auto", 16, 16) and long_splits_pay(fp16, "auto", 128, 32)
     assert not long_splits_pay(bf16, "auto", 8, 16)  # 8 heads in a 16-head tile

@@ -146,17 +146,16 @@ SHORT_DECODE_TOKENS = 16
 SHORT_SPLIT_FILL = 0.9
 # Two-step splits pay the same fixed costs over two steps; each split's fp32 partial output
 # (heads x 512 x 4 bytes) is written and read back by the merge, so the more heads a program
-# holds, the more halving the split count saves. Where half as many four-step splits still
-# give SHORT_SPLIT_FILL of the SMs a program, they are the faster grid from this many heads a
-# program (per kv_format, q in 16 bits; formats not listed and fp32 q were not timed and keep
-# two-step splits). H100
-# (132 SMs; the sm80 and sm89 paths by PTX JIT with their grids sized for it), Triton 3.8,
-# top-k 2048, 32 two-step splits against 16 four-step ones, µs: rows in bf16 at 16-32 heads
-# a program 0.86-0.94x on every path (8 x 16 13.5 / 12.4 natively, 8 x 32 21.7 / 19.1; the
-# sm89 path's 2 x 128 and 4 x 64 18.8 / 17.0 and 19.3 / 17.1; the sm80 path's 16 x 32, 16
-# splits against 8, 31.0 / 28.8) but 0.99-1.02x at 8 heads; fp8_ds_mla, whose steps cost
-# more, at 32 heads 0.78-0.98x (8 x 32 natively 28.7 / 22.5, the sm80 path's 2 x 128 and 4 x
-# 64 0.98x) and at 16 heads 0.98-1.04x (docs/perf-log/78-split-steps-h100.txt).
+# holds, the more halving the split count saves. Where half as many four-step splits still give
+# SHORT_SPLIT_FILL of the SMs a program, they are the faster grid from this many heads a program
+# (per kv_format, q in 16 bits; formats not listed and fp32 q were not timed and keep two-step
+# splits). H100 (132 SMs; the sm80 and sm89 paths by PTX JIT with their grids sized for it),
+# Triton 3.8, top-k 2048, 32 two-step splits against 16 four-step ones, µs: rows in bf16 at
+# 16-32 heads a program 0.86-0.94x on every path (8 x 16 13.5 / 12.4 natively, 8 x 32 21.7 /
+# 19.1; the sm89 path's 2 x 128 and 4 x 64 18.8 / 17.0 and 19.3 / 17.1; the sm80 path's 16 x 32,
+# 16 splits against 8, 31.0 / 28.8) but 0.99-1.02x at 8 heads; fp8_ds_mla, whose steps cost
+# more, at 32 heads 0.78-0.98x (8 x 32 natively 28.7 / 22.5, the sm80 path's 2 x 128 and 4 x 64
+# 0.98x) and at 16 heads 0.98-1.04x (docs/perf-log/78-split-steps-h100.txt).
 LONG_SPLIT_MIN_HEADS = {"auto": 16, "fp8_ds_mla": 32}
 
 # The per-group-scaled e4m3 formats: one kernel structure (scaled chunks folded into the logits
@@ -408,15 +407,12 @@ def num_splits_for(
     target = (2 if block_h <= 32 else 1) * num_sms
     steps = -(-width // block_n)
     splits = max(1, min(round(target / programs), steps))
-    # the longest split that halves: one step, or two with long_splits (a halved split is
-    # longer than that, so each rule halves at most once)
+    # splits of at most one step (two with long_splits) halve once; halving again would need
+    # far more programs than a count that short implies, so one halving is all that can apply
     halves_up_to = (2 if long_splits else 1) * block_n
     per, count = split_len_for(width, splits, block_n)
-    while (
-        per <= halves_up_to and count >= 2 and programs * (count // 2) >= SHORT_SPLIT_FILL * num_sms
-    ):
+    if per <= halves_up_to and count >= 2 and programs * (count // 2) >= SHORT_SPLIT_FILL * num_sms:
         splits = count // 2
-        per, count = split_len_for(width, splits, block_n)
     return splits
 
 
