@@ -31,6 +31,20 @@ DTYPES = [torch.float16, torch.float32] + ([torch.bfloat16] if HAS_GPU else [])
 ROOT = Path(__file__).resolve().parents[1]
 
 
+FP32_MARK = "fp32"
+
+
+def pytest_collection_modifyitems(items):
+    """Mark ``fp32`` every case with a float32 parameter (an fp32 query or output): on a GPU its
+    kernels are Triton's slowest specializations to compile, about ten seconds each, 40-50% of
+    the suite's compile time, for a dtype no serving engine passes; the GPU check's ``quick``
+    leaves them to the ``suite-fp32`` part of ``full`` (tools/gpu_check.py)."""
+    for item in items:
+        spec = getattr(item, "callspec", None)
+        if spec is not None and any(v is torch.float32 for v in spec.params.values()):
+            item.add_marker(FP32_MARK)
+
+
 @pytest.fixture(autouse=True)
 def _triton_compile_time(record_property):
     """The seconds a test spends in Triton's JIT compiles (a hit in the on-disk cache included)

@@ -12,6 +12,7 @@ import time
 import types
 
 import pytest
+import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -47,9 +48,32 @@ def test_quick_runs_verify_and_compile_then_the_suite_in_parallel(gpu_check, tmp
     assert [s.name for s in steps] == ["verify", "compile", "pytest"]
     cmd = steps[2].cmd
     assert cmd[cmd.index("-n") + 1] == "14" and cmd[cmd.index("--dist") + 1] == "worksteal"
-    assert f"not {gpu_check.CONFORMANCE_MARK}" in cmd
+    assert _marks(cmd) == "not conformance_grid and not fp32"
     assert f"--durations={gpu_check.QUICK_DURATIONS}" in cmd  # where the window goes
     assert steps[1].env == {"TMS_COMPILE_ONLY": "cuda:90-"}
+
+
+def _marks(cmd: list[str]) -> str:
+    """The marker expression of a pytest command line (its last ``-m``: the first is python's)."""
+    return cmd[len(cmd) - cmd[::-1].index("-m")]
+
+
+def test_the_fp32_part_runs_the_cases_quick_leaves_out(gpu_check, tmp_path):
+    """quick's suite and full's suite-fp32 part split the suite (less the conformance grids) by
+    the fp32 marker: one ``-m`` expression the other's complement."""
+    args = argparse.Namespace(jobs=14, out=str(tmp_path))
+    assert gpu_check.SUITE_FP32_PART in [name for name, _, _ in gpu_check._parts()]
+    (step,) = gpu_check.part_steps(gpu_check.SUITE_FP32_PART, args)
+    cmd = step.cmd
+    assert _marks(cmd) == "fp32 and not conformance_grid"
+    assert cmd[cmd.index("--junitxml") + 1] == str(tmp_path / "suite-fp32.xml")
+    assert "tests" in cmd and "--ignore=tests/test_compile.py" in cmd
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
+def test_conftest_marks_the_fp32_cases(dtype, request):
+    marked = request.node.get_closest_marker("fp32") is not None
+    assert marked == (dtype is torch.float32)
 
 
 _JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">

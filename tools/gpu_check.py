@@ -89,6 +89,12 @@ CONFORMANCE_SLICES = {
     "decode-v4-corner": ["::test_decode_grid", "v4 and not corr"],
     "prefill": ["::test_prefill_grid", ""],
 }
+# The suite's cases with a float32 parameter (marker set in tests/conftest.py): their kernels are
+# Triton's slowest specializations to compile (~10 s each; 40-50% of the suite's compile time on
+# a fresh cache, ~410 cases), for a dtype no serving engine passes, so ``quick`` leaves them to
+# the ``suite-fp32`` part of ``full``
+FP32_MARK = "fp32"
+SUITE_FP32_PART = "suite-fp32"
 EMULATE_SLICE = 350
 EMULATE_CASES = {80: 694, 86: 380, 89: 380}
 
@@ -120,6 +126,7 @@ def _parts() -> list[tuple[str, str, int]]:
     for tool, per in SANITIZE_SLICES.items():
         for k in range(-(-SANITIZE_CASES // per)):
             parts.append((f"{tool}-{k}", tool, k))
+    parts.append((SUITE_FP32_PART, "suite", 0))
     parts.append(("graph", "graph", 0))
     for k, name in enumerate(CONFORMANCE_SLICES):
         parts.append((f"conformance-{name}", "conformance", k))
@@ -165,8 +172,6 @@ def xdist_args(jobs: int, version: str | None) -> list[str]:
 
 
 def quick_steps(args: argparse.Namespace, info: dict) -> list[Step]:
-    pytest = [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider"]
-    jobs = xdist_args(args.jobs, info.get("xdist"))
     target = info["target"]
     # the short steps first: if the suite outgrows the window, it is the one cut short (and its
     # summary still says what ran)
@@ -174,17 +179,28 @@ def quick_steps(args: argparse.Namespace, info: dict) -> list[Step]:
         Step("verify", [sys.executable, "-m", "triton_mla_sparse.cli.main", "verify"]),
         # the ahead-of-time compile test for this GPU's own target (its fixture spreads the
         # compiles over processes itself)
-        Step("compile", pytest + ["tests/test_compile.py"], env={"TMS_COMPILE_ONLY": target + "-"}),
-        Step(
-            "pytest",
-            pytest
-            + jobs
-            + ["tests", "--ignore=tests/test_compile.py", "-m", f"not {CONFORMANCE_MARK}"]
-            # the slowest tests in the log: where the suite's share of the window goes
-            + [f"--durations={QUICK_DURATIONS}"]
-            + ["--junitxml", str(Path(args.out) / "pytest.xml")],
+        Step("compile", PYTEST + ["tests/test_compile.py"], env={"TMS_COMPILE_ONLY": target + "-"}),
+        suite_step(
+            "pytest", f"not {CONFORMANCE_MARK} and not {FP32_MARK}", args, info.get("xdist")
         ),
     ]
+
+
+PYTEST = [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider"]
+
+
+def suite_step(name: str, marks: str, args: argparse.Namespace, xdist: str | None) -> Step:
+    """The pytest suite (less the compile test, which has its own step) over the cases ``marks``
+    selects, in parallel, its junit XML as ``DIR/<name>.xml``."""
+    return Step(
+        name,
+        PYTEST
+        + xdist_args(args.jobs, xdist)
+        + ["tests", "--ignore=tests/test_compile.py", "-m", marks]
+        # the slowest tests in the log: where the suite's share of the window goes
+        + [f"--durations={QUICK_DURATIONS}"]
+        + ["--junitxml", str(Path(args.out) / f"{name}.xml")],
+    )
 
 
 def part_steps(part: str, args: argparse.Namespace) -> list[Step]:
@@ -197,9 +213,10 @@ def part_steps(part: str, args: argparse.Namespace) -> list[Step]:
     if suite in SANITIZE_SLICES:
         per = SANITIZE_SLICES[suite]
         return sanitize_steps(suite, k * per, per, out / part, args)
+    if suite == "suite":
+        return [suite_step(part, f"{FP32_MARK} and not {CONFORMANCE_MARK}", args, _xdist_version())]
     if suite == "conformance":
-        pytest = [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider"]
-        pytest += xdist_args(args.jobs, _xdist_version())
+        pytest = PYTEST + xdist_args(args.jobs, _xdist_version())
         test, expr = list(CONFORMANCE_SLICES.values())[k]
         grid = [CONFORMANCE_GRID + test, "-m", CONFORMANCE_MARK] + (["-k", expr] if expr else [])
         return [Step(part, pytest + grid + ["--junitxml", str(out / f"{part}.xml")])]
