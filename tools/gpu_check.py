@@ -11,13 +11,15 @@ package need not be installed: the checkout's ``src/`` is used)::
     python tools/gpu_check.py quick --triton /path/to/site --out DIR   # under another Triton
 
 ``quick``: ``triton-mla-sparse verify``, the ahead-of-time compile test for this GPU's own
-target, and the whole pytest suite (bf16 included; tests/plugin runs where vLLM is importable and
-is skipped otherwise) except FlashMLA's full conformance grids, all inside one 10-minute window:
+target, and the pytest suite (bf16 included; tests/plugin runs where vLLM is importable and is
+skipped otherwise) except FlashMLA's full conformance grids and the cases with a float32
+parameter (marker ``fp32``: their kernels are Triton's slowest to compile), all inside one
+10-minute window:
 the suite runs last with the time left, and if it is stopped there (SIGINT, then SIGKILL for its
 process group) its log still ends with pytest's summary of what ran, and the step fails; the log
 lists the suite's slowest tests, and the summary how much of the suite's time went into Triton's
 compiles, per test file (where its share of the window goes). ``full`` adds, one part each:
-compute-sanitizer (memcheck, initcheck, racecheck) over every configuration the heuristics
+the suite's fp32 cases (``suite-fp32``), compute-sanitizer (memcheck, initcheck, racecheck) over every configuration the heuristics
 choose, CUDA-graph replay with new inputs, the sm80/86/89 code paths compiled for their target and
 run here by PTX JIT, and FlashMLA's sparse test grids at FlashMLA's sizes
 (tests/test_flashmla_conformance.py, marker ``conformance_grid``; thousands of cases, in seven slices;
