@@ -71,8 +71,9 @@ def test_the_fp32_part_runs_the_cases_quick_leaves_out(gpu_check, tmp_path):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
-def test_conftest_marks_the_fp32_cases(dtype, request):
-    marked = request.node.get_closest_marker("fp32") is not None
+def test_conftest_marks_the_fp32_cases(gpu_check, dtype, request):
+    """tests/conftest.py sets the marker gpu_check's selections name, on fp32 cases only."""
+    marked = request.node.get_closest_marker(gpu_check.FP32_MARK) is not None
     assert marked == (dtype is torch.float32)
 
 

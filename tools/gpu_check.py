@@ -14,17 +14,16 @@ package need not be installed: the checkout's ``src/`` is used)::
 target, and the pytest suite (bf16 included; tests/plugin runs where vLLM is importable and is
 skipped otherwise) except FlashMLA's full conformance grids and the cases with a float32
 parameter (marker ``fp32``: their kernels are Triton's slowest to compile), all inside one
-10-minute window:
-the suite runs last with the time left, and if it is stopped there (SIGINT, then SIGKILL for its
-process group) its log still ends with pytest's summary of what ran, and the step fails; the log
-lists the suite's slowest tests, and the summary how much of the suite's time went into Triton's
-compiles, per test file (where its share of the window goes). ``full`` adds, one part each:
-the suite's fp32 cases (``suite-fp32``), compute-sanitizer (memcheck, initcheck, racecheck) over every configuration the heuristics
-choose, CUDA-graph replay with new inputs, the sm80/86/89 code paths compiled for their target and
-run here by PTX JIT, and FlashMLA's sparse test grids at FlashMLA's sizes
-(tests/test_flashmla_conformance.py, marker ``conformance_grid``; thousands of cases, in seven slices;
-FlashMLA's own call runs beside each case where vLLM's FlashMLA build is importable, which the
-environment line reports)
+10-minute window: the suite runs last with the time left, and if it is stopped there (SIGINT,
+then SIGKILL for its process group) its log still ends with pytest's summary of what ran, and the
+step fails; the log lists the suite's slowest tests, and the summary how much of the suite's time
+went into Triton's compiles, per test file (where its share of the window goes). ``full`` adds,
+one part each: the suite's fp32 cases (``suite-fp32``), compute-sanitizer (memcheck, initcheck,
+racecheck) over every configuration the heuristics choose, CUDA-graph replay with new inputs, the
+sm80/86/89 code paths compiled for their target and run here by PTX JIT, and FlashMLA's sparse
+test grids at FlashMLA's sizes (tests/test_flashmla_conformance.py, marker ``conformance_grid``;
+thousands of cases, in seven slices; FlashMLA's own call runs beside each case where vLLM's
+FlashMLA build is importable, which the environment line reports)
 (benchmarks/reliability/: reliability.py, sanitize.sh; docs/RELIABILITY.md says what each
 checks).
 
@@ -97,6 +96,7 @@ CONFORMANCE_SLICES = {
 # the ``suite-fp32`` part of ``full``
 FP32_MARK = "fp32"
 SUITE_FP32_PART = "suite-fp32"
+PYTEST = [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider"]
 EMULATE_SLICE = 350
 EMULATE_CASES = {80: 694, 86: 380, 89: 380}
 
@@ -186,9 +186,6 @@ def quick_steps(args: argparse.Namespace, info: dict) -> list[Step]:
             "pytest", f"not {CONFORMANCE_MARK} and not {FP32_MARK}", args, info.get("xdist")
         ),
     ]
-
-
-PYTEST = [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider"]
 
 
 def suite_step(name: str, marks: str, args: argparse.Namespace, xdist: str | None) -> Step:

@@ -28,9 +28,9 @@ gather-exclusive by flow: gather. Uncertainty: ptxas tags rematerialized or hois
 with the line it likes (shared addresses carry the loop's own line, so they count as glue);
 the register data flow is approximate (operand widths from opcode suffixes, predicates kept
 conservatively), which is why both attributions print: they agree within a few instructions
-(within 1.5% of the step under Triton 3.6 and 3.8). Instructions ptxas leaves without a source line (line 0; under
-Triton 3.6, e.g., the split-qk partial-S sums) count as "other" unless the flow makes them
-gather: a large "other" means line info was lost, not work unaccounted for.
+(within 1.5% of the step under Triton 3.6 and 3.8). Instructions ptxas leaves without a source
+line (line 0; under Triton 3.6, e.g., the split-qk partial-S sums) count as "other" unless the
+flow makes them gather: a large "other" means line info was lost, not work unaccounted for.
 
     python benchmarks/codegen/loop_roles.py --out DIR [--arch 80,89] [--triton PATH] [--dump S]
     python benchmarks/codegen/loop_roles.py report DIR [--dump S]
@@ -57,6 +57,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from asm_equivalence import _nvidia_tool, ptxas_sass  # this script's folder is on sys.path
 
 ROOT = Path(__file__).resolve().parents[2]
 # a source file of the kernels (any tree: the paths come from the PTX's line info)
@@ -198,12 +200,6 @@ def is_kernel_src(path: str) -> bool:
 
 
 # ---------------------------------------------------------------- assemble, disassemble, parse
-def _tool(name: str) -> str:
-    import triton  # the tools of the Triton that compiled, as at run time
-
-    return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name)
-
-
 INSN = re.compile(r"^\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 FILE = re.compile(r'//## File "([^"]+)", line (\d+)')
 LABEL_REF = re.compile(r"0x[0-9a-f]+|`\(\.L_x_\d+\)")
@@ -212,13 +208,14 @@ LABEL_REF = re.compile(r"0x[0-9a-f]+|`\(\.L_x_\d+\)")
 def assemble(ptx: Path, work: Path) -> tuple[dict, str]:
     """ptxas -v facts and nvdisasm -gi text of the -lineinfo cubin (checked to be the same
     code as without -lineinfo: line info must not change what is measured)."""
-    target = re.search(r"^\.target\s+(\w+)", ptx.read_text(), re.M).group(1)
-    plain, li = work / "plain.cubin", work / "li.cubin"
+    got = ptxas_sass(ptx)  # the ptxas -v report and SASS as at run time
+    if got is None:
+        raise RuntimeError(f"neither of Triton's ptxas builds assembles {ptx}")
+    target, rep, sass = got
+    li = work / "li.cubin"
     run = functools.partial(subprocess.run, capture_output=True, text=True, check=True)
-    rep = run([_tool("ptxas"), "-v", f"-arch={target}", str(ptx), "-o", str(plain)]).stderr
-    run([_tool("ptxas"), "-lineinfo", f"-arch={target}", str(ptx), "-o", str(li)])
-    dis = run([_tool("nvdisasm"), "-c", "-gi", str(li)]).stdout
-    sass = run([_tool("cuobjdump"), "-sass", str(plain)]).stdout
+    run([_nvidia_tool("ptxas"), "-lineinfo", f"-arch={target}", str(ptx), "-o", str(li)])
+    dis = run([_nvidia_tool("nvdisasm"), "-c", "-gi", str(li)]).stdout
     norm = [LABEL_REF.sub("L", m.group(2)) for m in map(INSN.match, sass.splitlines()) if m]
     assert [LABEL_REF.sub("L", t) for _, t, _ in parse(dis)] == norm, "-lineinfo changed code"
 
