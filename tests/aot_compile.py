@@ -45,7 +45,7 @@ except ImportError:  # pragma: no cover - older Triton (3.6, as on the H200)
 from triton_mla_sparse.kv_format import DS_MLA_ROW_BYTES, DS_V4_TOKEN_BYTES  # noqa: E402
 from triton_mla_sparse.ops.sparse_mla import kernels, launch  # noqa: E402
 from triton_mla_sparse.ops.sparse_mla.heuristics import Arch, KernelConfig  # noqa: E402
-from triton_mla_sparse.ops.sparse_mla.plan import make_plan  # noqa: E402
+from triton_mla_sparse.ops.sparse_mla.plan import cache_span, make_plan  # noqa: E402
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -177,7 +177,7 @@ def _record(job: dict) -> list:
     out = torch.zeros(T, H, L, dtype=dtype)
     lse = torch.zeros(T, H, dtype=torch.float32) if job["store_lse"] else None
     flags = {}
-    for flag in ("stage_dequant", "idx_ahead"):
+    for flag in ("stage_dequant", "idx_ahead", "row_offsets_32"):
         if job.get(flag):
             flags[flag] = True
     if "fp16_mma" in job:
@@ -223,6 +223,7 @@ def _record(job: dict) -> list:
         extra_page_size=xset["cache"].shape[1] if xset and xset["cache"].dim() == 3 else 1,
         extra_has_counts=bool(xset) and xset["counts"] is not None,
         extra_block_size=EXTRA_BLOCK if xset.get("bt") is not None else None,
+        cache_span=cache_span(cache),
         config=cfg,
     )
     fwd = _Recorder(launch.FORWARD[plan.family])

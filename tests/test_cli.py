@@ -291,10 +291,11 @@ def test_the_legend_explains_every_mark_a_label_can_carry():
         max_registers=168,
         q_rope_in_registers=True,
         split_qk=True,
+        row_offsets_32=True,
     )
     marks = config_label(every).split()[5:] + [m.strip() for m in PACKED_LABELS.values()]
     marks += ["+int", "+qmma"]  # plan_label's (test_plan_label_says_what_runs)
-    assert len(marks) == 12, marks
+    assert len(marks) == 13, marks
     for mark in marks:
         stem = re.sub(r"(?<=:)\w+$|\d+$", "", mark)  # +gluon:ampere -> +gluon:, +maxreg168
         assert stem in LABEL_LEGEND, (mark, stem)
@@ -311,6 +312,8 @@ def test_config_label():
     assert config_label(capped) == "h16 n16 w4 s1 k2 +gluon:ampere +maxreg168"
     gluon = dataclasses.replace(folded, num_stages=1, gluon="specialized")
     assert config_label(gluon) == "h64 n64 w8 s1 k1 +st +f16fold +gluon:specialized"
+    o32 = KernelConfig(64, 32, 8, 2, 1, gluon="ampere", row_offsets_32=True)
+    assert config_label(o32) == "h64 n32 w8 s2 k1 +gluon:ampere +o32"
 
 
 def test_case_cost_is_the_documented_formula():

@@ -24,6 +24,7 @@ from test_gluon_ds_mla import _cache
 from test_sparse_mla import assert_matches, poison_, poison_unused_rows_
 
 from triton_mla_sparse import KernelConfig, sparse_mla
+from triton_mla_sparse.kv_format import DS_MLA_ROW_BYTES
 from triton_mla_sparse.ops.sparse_mla.heuristics import (
     AMPERE_GLUON_BLOCK_N,
     AMPERE_GLUON_DS_PREFILL_MIN_HEADS,
@@ -45,6 +46,7 @@ from triton_mla_sparse.ops.sparse_mla.heuristics import (
 from triton_mla_sparse.ops.sparse_mla.plan import (
     DS_MLA_AMPERE_GLUON,
     LATENT_AMPERE_GLUON,
+    ROW_OFFSET_32_LIMIT,
     make_plan,
 )
 from triton_mla_sparse.reference import sparse_mla_reference
@@ -911,10 +913,12 @@ def test_latent_rows_sm80_default_by_ptx_jit(tokens, heads, tmp_path):
         check_latent_rows(None, tokens, heads, 1000, 64, 64, True, torch.bfloat16)
 
 
-def check_latent_rows(cfg, tokens, heads, width, page, rope, sink, dtype):
+def check_latent_rows(cfg, tokens, heads, width, page, rope, sink, dtype, at_row=None):
     """One kv_format "auto" call in ``cfg`` against the float64 reference: -1 runs, an
     out-of-range index, a token with nothing to attend to, valid counts, optionally a sink with
-    -inf and +inf entries; NaN in the rows nothing points at, a NaN-poisoned output."""
+    -inf and +inf entries; NaN in the rows nothing points at, a NaN-poisoned output.
+    ``at_row``: the rows placed from that row on in a flat cache of ``at_row`` + their number
+    rows (its other rows never read: poisoned), the indices moved with them."""
     g = torch.Generator().manual_seed(tokens * 11 + page + rope + sink)
     rows = 48 * 64
     flat = (torch.randn(rows, 512 + rope, generator=g) * 0.5).to(dtype)
@@ -931,6 +935,8 @@ def check_latent_rows(cfg, tokens, heads, width, page, rope, sink, dtype):
         s = torch.randn(heads, generator=g) * 2.0
         s[0], s[1] = float("-inf"), float("inf")
         kw["attn_sink"] = s.to(DEVICE)
+    if at_row is not None:
+        cache, idx = _placed_at(cache.reshape(rows, -1), idx, at_row)
     ref, ref_lse = sparse_mla_reference(
         q, cache, idx, 0.07, return_lse=True, compute_dtype=torch.float64, **kw
     )
@@ -939,3 +945,128 @@ def check_latent_rows(cfg, tokens, heads, width, page, rope, sink, dtype):
     _, lse = sparse_mla(q, cache, idx, 0.07, return_lse=True, out=out, config=cfg, **kw)
     assert_matches(out, lse, ref, ref_lse, dtype)
     assert (out[0] == 0).all() and torch.isneginf(lse[0]).all()
+
+
+def _placed_at(rows: torch.Tensor, idx: torch.Tensor, at_row: int):
+    """A flat cache of ``at_row + len(rows)`` rows holding ``rows`` from row ``at_row`` on, and
+    ``idx`` moved with them (-1 stays -1; an index past ``rows`` stays past the new cache)."""
+    big = torch.empty(at_row + rows.shape[0], rows.shape[1], dtype=rows.dtype, device=DEVICE)
+    big[at_row:] = rows
+    return big, torch.where(idx >= 0, idx + at_row, idx)
+
+
+# (format, block_h, block_n, warps, ring slots, QK^T split over the latent): the mma.sync tiles
+# the heuristics choose on the sm80 and sm89 paths, in which 32-bit row offsets are timed
+OFFSETS_32_TILES = [
+    ("fp8_ds_mla", 16, 32, 4, 2, False),
+    ("fp8_ds_mla", 16, 32, 4, 1, True),
+    ("fp8_ds_mla", 32, 32, 4, 1, False),
+    ("fp8_ds_mla", 64, 32, 8, 1, False),
+    ("auto", 16, 32, 4, 2, False),
+    ("auto", 16, 32, 4, 2, True),
+    ("auto", 64, 32, 8, 2, False),
+]
+
+
+def _offsets_32_config(tile, splits=1):
+    fmt, bh, bn, w, ring, split_qk = tile
+    base = AMPERE if fmt == "fp8_ds_mla" else AMPERE_LATENT
+    cfg = dataclasses.replace(
+        base,
+        block_h=bh,
+        block_n=bn,
+        num_warps=w,
+        num_stages=ring,
+        num_splits=splits,
+        split_qk=split_qk,
+        row_offsets_32=True,
+    )
+    if not _fits_this_gpu(bh, bn, ring, fmt, split_qk=split_qk):
+        pytest.skip("this tile needs more than this GPU's shared memory")
+    return cfg
+
+
+def _check_offsets_32(tile, cfg, tokens, heads, width, page, rope, sink, at_row=None):
+    if tile[0] == "auto":
+        check_latent_rows(cfg, tokens, heads, width, page, rope, sink, torch.bfloat16, at_row)
+        return
+    g = torch.Generator().manual_seed(tokens * 13 + page + rope + sink)
+    cache, idx, q, kw = _problem(tokens, heads, width, page, rope, sink, g)
+    if at_row is not None:
+        cache, idx = _placed_at(cache.reshape(-1, cache.shape[-1]), idx, at_row)
+    _run_and_check(cache, idx, q, kw, cfg)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_GPU, reason="Gluon kernels run on a GPU only")
+@pytest.mark.parametrize("tile", OFFSETS_32_TILES, ids=lambda t: "x".join(map(str, t)))
+@pytest.mark.parametrize(SCENARIO_ARGS, SCENARIOS[:3])  # split or not, pages, NoPE, sinks
+def test_32_bit_row_offsets_match_the_reference(
+    tile, tokens, heads, width, splits, page, rope, sink
+):
+    """KernelConfig.row_offsets_32 in each tile it is timed in, both formats, in this GPU's
+    e4m3 decode."""
+    _needs_sm80()
+    _check_offsets_32(
+        tile, _offsets_32_config(tile, splits), tokens, heads, width, page, rope, sink
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_GPU, reason="Gluon kernels run on a GPU only")
+@pytest.mark.parametrize(
+    "cc, tile",
+    [
+        (80, OFFSETS_32_TILES[3]),
+        (89, OFFSETS_32_TILES[2]),
+        (80, OFFSETS_32_TILES[1]),
+        (80, OFFSETS_32_TILES[6]),
+        (89, OFFSETS_32_TILES[4]),
+        (89, OFFSETS_32_TILES[5]),
+    ],
+    ids=lambda x: "x".join(map(str, x)) if isinstance(x, tuple) else str(x),
+)
+def test_32_bit_row_offsets_by_ptx_jit(cc, tile, tmp_path):
+    """32-bit row offsets in the code Triton builds for an A100 and an L40S (their tiles),
+    loaded through the driver's JIT on this newer GPU, against the reference."""
+    _needs_ptx_jit(cc)
+    cfg = _offsets_32_config(tile, splits=3)
+    family = DS_MLA_AMPERE_GLUON if tile[0] == "fp8_ds_mla" else LATENT_AMPERE_GLUON
+    with _mma_sync_by_ptx_jit(cc, tmp_path, family):
+        _check_offsets_32(tile, cfg, 5, 40, 1000, 64, 64, True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_GPU, reason="Gluon kernels run on a GPU only")
+@pytest.mark.parametrize("tile", [OFFSETS_32_TILES[3], OFFSETS_32_TILES[6]], ids=["ds", "rows"])
+def test_32_bit_row_offsets_at_the_limit(tile):
+    """A flat cache of as many whole rows as ROW_OFFSET_32_LIMIT elements hold, the rows read
+    at its far end (the largest offsets the 32-bit arithmetic meets: 2.1 GB of fp8_ds_mla rows,
+    4.3 GB of bf16 ones), against the reference; with one row more the plan refuses the
+    config before any launch."""
+    _needs_sm80()
+    row = DS_MLA_ROW_BYTES if tile[0] == "fp8_ds_mla" else 576
+    elem = 1 if tile[0] == "fp8_ds_mla" else 2
+    total = ROW_OFFSET_32_LIMIT // row
+    if torch.cuda.mem_get_info()[0] < 2.5 * total * row * elem:
+        pytest.skip("not enough free GPU memory for a cache at the limit")
+    cfg = _offsets_32_config(tile, splits=3)
+    used = 48 * 64  # the rows the scenario's indices reach
+    _check_offsets_32(tile, cfg, 5, 40, 1000, 1, 64, True, at_row=total - used)
+
+
+@pytest.mark.parametrize("fmt", ["fp8_ds_mla", "auto"])
+def test_32_bit_row_offsets_refused_for_a_larger_cache(fmt):
+    """One row past ROW_OFFSET_32_LIMIT elements, sparse_mla refuses a config asking for 32-bit
+    row offsets, naming the cache's span, before any launch (the cache is never written: on the
+    CPU its pages are not even touched)."""
+    row = DS_MLA_ROW_BYTES if fmt == "fp8_ds_mla" else 576
+    # fp16 q and rows: the interpreter refuses bf16 before any config is looked at
+    dtype = torch.uint8 if fmt == "fp8_ds_mla" else torch.float16
+    big = torch.empty(ROW_OFFSET_32_LIMIT // row + 1, row, dtype=dtype, device=DEVICE)
+    cfg = dataclasses.replace(AMPERE if fmt == "fp8_ds_mla" else AMPERE_LATENT, row_offsets_32=True)
+    q = torch.zeros(2, 16, 576, dtype=torch.float16, device=DEVICE)
+    idx = torch.zeros(2, 64, dtype=torch.int32, device=DEVICE)
+    span = (big.shape[0] - 1) * row + row
+    with pytest.raises(ValueError, match=f"row_offsets_32=True.*spans {span}"):
+        sparse_mla(q, big, idx, 0.07, config=cfg, kv_format=fmt)

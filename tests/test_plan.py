@@ -25,7 +25,15 @@ from triton_mla_sparse.ops.sparse_mla.heuristics import (
     num_splits_for,
     split_len_for,
 )
-from triton_mla_sparse.ops.sparse_mla.plan import DS_MLA, FAMILY_OF, LATENT, make_plan
+from triton_mla_sparse.ops.sparse_mla.plan import (
+    AMPERE_FAMILIES,
+    DS_MLA,
+    FAMILY_OF,
+    LATENT,
+    ROW_OFFSET_32_LIMIT,
+    cache_span,
+    make_plan,
+)
 
 H200 = Arch("cuda", 90, 132)
 A100 = Arch("cuda", 80, 108)
@@ -477,6 +485,71 @@ def test_q_rope_in_registers_is_the_mma_sync_ds_mla_kernels_alone():
     ):
         with pytest.raises(ValueError, match="q_rope_in_registers"):
             plan_for(4, 16, 2048, fmt=fmt, config=cfg)
+
+
+def test_row_offsets_32_is_the_mma_sync_kernels_alone_and_needs_a_small_cache():
+    """KernelConfig.row_offsets_32 reaches both mma.sync kernels as ROW_OFFSETS_32 when the cache
+    spans at most ROW_OFFSET_32_LIMIT elements; asked for explicitly it is refused, naming the
+    span, for a larger cache or one of unknown span, and for every other kernel."""
+    ds = KernelConfig(
+        16, 32, 4, 1, stage_dequant=True, fp16_fold=True, gluon="ampere", row_offsets_32=True
+    )
+    rows = KernelConfig(16, 32, 4, 2, gluon="ampere", row_offsets_32=True)
+    for fmt, cfg in (("fp8_ds_mla", ds), ("auto", rows)):
+        for span in (1, ROW_OFFSET_32_LIMIT):
+            plan = plan_for(4, 16, 2048, fmt=fmt, config=cfg, cache_span=span)
+            assert plan.constexprs["ROW_OFFSETS_32"] is True and plan.config.row_offsets_32
+        off = dataclasses.replace(cfg, row_offsets_32=False)
+        plan = plan_for(4, 16, 2048, fmt=fmt, config=off, cache_span=1)
+        assert plan.constexprs["ROW_OFFSETS_32"] is False
+        for span, word in (
+            (ROW_OFFSET_32_LIMIT + 1, str(ROW_OFFSET_32_LIMIT + 1)),
+            (None, "unknown"),
+        ):
+            with pytest.raises(ValueError, match=f"row_offsets_32=True.*{word}"):
+                plan_for(4, 16, 2048, fmt=fmt, config=cfg, cache_span=span)
+    for fmt, cfg in (
+        ("fp8_ds_mla", dataclasses.replace(ds, gluon=None)),
+        ("fp8_ds_mla", dataclasses.replace(ds, block_h=64, block_n=64, gluon="pipelined")),
+        ("auto", dataclasses.replace(rows, gluon=None)),
+    ):
+        with pytest.raises(ValueError, match="row_offsets_32=True.*gluon='ampere'"):
+            plan_for(4, 16, 2048, fmt=fmt, config=cfg, cache_span=1)
+    # the Triton and sm90 kernels take no such argument
+    for fmt in ("auto", "fp8", "fp8_ds_mla"):
+        plan = plan_for(128, 128, 2048, fmt=fmt, cache_span=1)
+        assert plan.family not in AMPERE_FAMILIES and "ROW_OFFSETS_32" not in plan.constexprs
+
+
+def test_a_heuristic_row_offsets_32_drops_for_a_large_cache(monkeypatch):
+    """Where the heuristics choose row_offsets_32, a cache too large for it (or of unknown span)
+    gets the same tile with 64-bit offsets instead of an error."""
+    import triton_mla_sparse.ops.sparse_mla.plan as plan_mod
+
+    chosen = KernelConfig(16, 32, 4, 2, gluon="ampere", row_offsets_32=True)
+    monkeypatch.setattr(plan_mod, "choose_config", lambda *a, **k: chosen)
+    small = plan_for(4, 16, 2048, cache_span=ROW_OFFSET_32_LIMIT)
+    assert small.config.row_offsets_32 and small.constexprs["ROW_OFFSETS_32"]
+    for span in (ROW_OFFSET_32_LIMIT + 1, None):
+        big = plan_for(4, 16, 2048, cache_span=span)
+        assert not big.config.row_offsets_32 and big.constexprs["ROW_OFFSETS_32"] is False
+        assert dataclasses.replace(big.config, row_offsets_32=True).block_h == chosen.block_h
+
+
+@pytest.mark.parametrize(
+    "make, span",
+    [
+        (lambda: torch.empty(10, 656, dtype=torch.uint8), 6560),
+        (lambda: torch.empty(4, 64, 576), 4 * 64 * 576),
+        # a paged view into a bigger allocation: from its first element to one past its last
+        (lambda: torch.empty(4, 3, 64, 576)[:, 1], 3 * 3 * 64 * 576 + 64 * 576),
+        (lambda: torch.empty(8, 600)[:, :576], 7 * 600 + 576),
+        (lambda: torch.empty(0, 64, 576), 0),
+    ],
+    ids=["flat", "paged", "interleaved", "row-padded", "empty"],
+)
+def test_cache_span(make, span):
+    assert cache_span(make()) == span
 
 
 def test_split_qk_is_the_16_head_four_warp_mma_sync_tiles_alone():

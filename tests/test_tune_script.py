@@ -410,3 +410,33 @@ def test_splits_sweep_varies_the_split_count_alone(tune, monkeypatch, cc):
         for cfg in cfgs[1:]:
             assert dataclasses.replace(cfg, num_splits=default.num_splits) == default
             plan_of(case, cfg, arch)
+
+
+@pytest.mark.parametrize("cc", [80, 89])
+def test_offsets_32_sweep_alternates_on_the_mma_sync_defaults(tune, monkeypatch, cc):
+    """Where the path's default is an mma.sync kernel, the offsets32 sweep times the same tile
+    with the row offsets' width flipped, then the default and the variant again (after the
+    sweep's own default row), each a plan the kernels run with ROW_OFFSETS_32 as asked; where the
+    default is a Triton kernel it times nothing more."""
+    from triton_mla_sparse.ops.sparse_mla.plan import AMPERE_FAMILIES
+
+    arch = next(a for a in TARGETS if a.backend == "cuda" and a.cc == cc)
+    monkeypatch.setattr(tune, "arch_of", lambda device: arch)
+    cases, configs = tune.SWEEPS["offsets32"]
+    timed = 0
+    for case in cases:
+        default = choose_config(
+            case.tokens, case.heads, case.topk, case.dtype, case.kv_format, arch
+        )
+        cfgs = configs(case)
+        if default.gluon != "ampere":
+            assert cfgs == [], case
+            continue
+        timed += 1
+        other = dataclasses.replace(default, row_offsets_32=not default.row_offsets_32)
+        assert cfgs == [other, default, other], case
+        for cfg in (default, other):
+            plan = plan_of(case, cfg, arch, cache_span=case.rows * 656)
+            assert plan.family in AMPERE_FAMILIES
+            assert plan.constexprs["ROW_OFFSETS_32"] == cfg.row_offsets_32
+    assert timed >= 6, cc  # both formats at 16 heads, fp8_ds_mla at 64-128 on either path

@@ -33,11 +33,13 @@ line (line 0; under Triton 3.6, e.g., the split-qk partial-S sums) count as "oth
 flow makes them gather: a large "other" means line info was lost, not work unaccounted for.
 
     python benchmarks/codegen/loop_roles.py --out DIR [--arch 80,89] [--triton PATH] [--dump S]
+        [--set FLAG ...]
     python benchmarks/codegen/loop_roles.py report DIR [--dump S]
 
 The first compiles (DIR/asm, DIR/triton-cache, DIR/jobs.json) and prints the tables (also in
 DIR/report.txt); ``--triton PATH``: a folder holding another Triton, put first on PYTHONPATH
-for the whole run (heuristics, compile, ptxas). ``report`` reads the ``*.1.ptx`` of an existing
+for the whole run (heuristics, compile, ptxas). ``--set FLAG``: a boolean KernelConfig field (e.g. row_offsets_32) set on every tile, to count
+a variant against the default. ``report`` reads the ``*.1.ptx`` of an existing
 dump (DIR/asm or DIR, e.g. ``asm_equivalence.py dump``'s of another tree) whose kernel is an
 mma.sync Gluon one; the source lines are read from the paths the PTX names. ``--dump S``
 also prints the annotated loop body of the cases whose name contains S.
@@ -90,13 +92,15 @@ FLAGS = (
     "max_registers",
     "q_rope_in_registers",
     "split_qk",
+    "row_offsets_32",
 )
 
 
 # ---------------------------------------------------------------- jobs and compile
-def make_jobs(ccs: list[int]) -> dict[str, dict]:
+def make_jobs(ccs: list[int], flags: tuple[str, ...] = ()) -> dict[str, dict]:
     """aot_compile.py jobs for the Gluon tiles ``make_plan`` picks at the SHAPES: one per
-    distinct tile, named by the token counts that pick it (the split flag: the first's)."""
+    distinct tile, named by the token counts that pick it (the split flag: the first's), with
+    the boolean KernelConfig fields ``flags`` set on each (a variant's counts)."""
     import torch
 
     from triton_mla_sparse.ops.sparse_mla.heuristics import TARGETS
@@ -119,11 +123,13 @@ def make_jobs(ccs: list[int]) -> dict[str, dict]:
                     print(f"sm{cc} {fmt} {heads} heads {tokens} tokens: not ampere_gluon, skipped")
                     continue
                 job = {f: getattr(c, f) for f in TILE + FLAGS if getattr(c, f) not in (None, False)}
+                job.update(dict.fromkeys(flags, True))
                 job.update(arch=f"cuda:{cc}", dtype="bf16", fmt=fmt, rope=64, has_bt=False)
                 job.update(has_counts=True, store_lse=True)
                 tile = f"h{c.block_h}n{c.block_n}w{c.num_warps}s{c.num_stages}"
                 name = f"sm{cc}-{'bf16' if fmt == 'auto' else fmt}-H{heads}-{tile}"
                 name += "-splitqk" if c.split_qk else ""
+                name += "".join(f"-{f}" for f in flags)
                 entry = named.setdefault(
                     (heads, json.dumps(job, sort_keys=True)),
                     (name, [], dict(job, split=c.num_splits > 1)),
@@ -610,15 +616,25 @@ def main() -> None:
     ap.add_argument("--arch", default="80,89", help=f"targets, of {sorted(SHAPES)}")
     ap.add_argument("--triton", default="", help="a folder holding another Triton, put first")
     ap.add_argument("--dump", default="", help="annotated loop body of cases matching this")
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        choices=[f for f in FLAGS if f not in ("e4m3_decode", "gluon", "max_registers")],
+        help="a boolean KernelConfig field to set on every tile (repeatable): a variant's counts",
+    )
     args = ap.parse_args()
     if args.triton:  # run everything (heuristics, compile, ptxas) under that Triton
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [args.triton, env.get("PYTHONPATH")]))
         argv = [sys.executable, __file__, "--out", str(args.out), "--arch", args.arch]
-        os.execve(sys.executable, argv + ["--dump", args.dump] * bool(args.dump), env)
+        argv += ["--dump", args.dump] * bool(args.dump) + [
+            a for f in args.set for a in ("--set", f)
+        ]
+        os.execve(sys.executable, argv, env)
     sys.path.insert(0, str(ROOT / "src"))  # this tree's heuristics, as its src/ is compiled
     args.out.mkdir(parents=True, exist_ok=True)
-    jobs = make_jobs([int(a) for a in args.arch.split(",")])
+    jobs = make_jobs([int(a) for a in args.arch.split(",")], tuple(args.set))
     print(f"{len(jobs)} tiles: compiling into {args.out}", flush=True)
     lines = report(compile_jobs(jobs, args.out), args.dump)
     (args.out / "report.txt").write_text("\n".join(lines) + "\n")

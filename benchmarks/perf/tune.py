@@ -1,6 +1,7 @@
 """Sweep launch configurations for key shapes on the GPU: check each against the reference, time it.
 
-    python benchmarks/perf/tune.py [--only mem,mma,small,ds,occ,ds-mma,e4m3,stage,v4,gluon,gluon-bf16,ampere,ampere-regs,ampere-wide] [--out DIR]
+    python benchmarks/perf/tune.py [--only mem,mma,small,ds,occ,ds-mma,e4m3,stage,v4,gluon,gluon-bf16,ampere,ampere-regs,ampere-wide,
+        ds-split,splits,ahead,offsets32] [--out DIR]
         [--arch sm80|sm86|sm89 [--target-smem]] [--tokens 64,128] [--max-seconds S]
 
 Prints one line per configuration and the best per case; writes every row, with the ceilings
@@ -470,6 +471,19 @@ def ampere_wide_tiles(c: Case) -> list[KernelConfig]:
     return out
 
 
+def offsets_32_variants(c: Case) -> list[KernelConfig]:
+    """Where the path's default is an mma.sync kernel: that tile with 32-bit row offsets
+    (KernelConfig.row_offsets_32), then the default again and the variant again, so that each
+    is timed twice in alternation (the sweep's first row is the default) and a drift between
+    them shows as a spread rather than as a difference."""
+    arch = arch_of(torch.device("cuda"))
+    default = choose_config(c.tokens, c.heads, c.topk, c.dtype, c.kv_format, arch)
+    if default.gluon != "ampere":
+        return []
+    other = dataclasses.replace(default, row_offsets_32=not default.row_offsets_32)
+    return [other, default, other]
+
+
 def grid(block_h, block_n, warps, stages, splits, **extra):
     combos = itertools.product(block_h, block_n, warps, stages, splits)
     return [KernelConfig(*c, **extra) for c in combos]
@@ -670,6 +684,17 @@ SWEEPS = {
             for h in (8, 16, 32, 64, 128)
         ],
         split_count_variants,
+    ),
+    # both formats on the mma.sync kernels' paths (--arch, with --host-sms for this GPU's
+    # grids): row offsets in 32-bit arithmetic or 64-bit, at the decode shapes of the targets
+    "offsets32": (
+        [
+            Case(f"decode T={t} H={h}", t, h, kv_format=fmt)
+            for fmt in ("fp8_ds_mla", "auto")
+            for t in (128, 64)
+            for h in (16, 64, 128)
+        ],
+        offsets_32_variants,
     ),
     # fp8_ds_mla and DeepSeek-V4 in 64-head folded tiles: indices a step ahead or not
     "ahead": (

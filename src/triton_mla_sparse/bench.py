@@ -76,7 +76,7 @@ def config_label(cfg: KernelConfig) -> str:
     (KernelConfig.gluon: the sm90 kernels, or "ampere", the mma.sync ones), ``+maxreg<N>`` a
     register cap (KernelConfig.max_registers), ``+qrreg`` q's RoPE part in registers
     (KernelConfig.q_rope_in_registers), ``+splitqk`` QK^T split over the latent
-    (KernelConfig.split_qk)."""
+    (KernelConfig.split_qk), ``+o32`` 32-bit row offsets (KernelConfig.row_offsets_32)."""
     label = f"h{cfg.block_h} n{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages} k{cfg.num_splits}"
     if cfg.idx_ahead:
         label += " +ia"
@@ -94,6 +94,8 @@ def config_label(cfg: KernelConfig) -> str:
         label += " +qrreg"
     if cfg.split_qk:
         label += " +splitqk"
+    if cfg.row_offsets_32:
+        label += " +o32"
     return label
 
 
@@ -126,7 +128,8 @@ LABEL_LEGEND = (
     "  fp8_ds_mla tiles, -pdl merge without dependent launch, +f16fold fp16 MMAs with the scales\n"
     "  folded into the tile, +gluon:<form> a Gluon kernel (ampere: mma.sync), +maxreg<N> a\n"
     "  register cap, +qrreg q's RoPE part in registers, +splitqk QK^T split over the latent,\n"
-    "  +int integer e4m3 decode (+pk / +pknm packed), +qmma MMAs in q's dtype"
+    "  +o32 32-bit row offsets, +int integer e4m3 decode (+pk / +pknm packed), +qmma MMAs in\n"
+    "  q's dtype"
 )
 
 

@@ -124,6 +124,11 @@ class KernelConfig:
     # AMPERE_GLUON_SPLIT_QK_STEPS steps (ampere_gluon_config), rows in q's dtype from
     # ROWS_SPLIT_QK_STEPS.
     split_qk: bool = False
+    # The mma.sync kernels (gluon="ampere"): the gathered rows' offsets in 32-bit arithmetic,
+    # for a cache whose elements all lie less than plan.ROW_OFFSET_32_LIMIT from its start (a
+    # row's offset one multiply-add, not a 64-bit multiply chain, in every gather). The plan
+    # refuses it for a larger cache.
+    row_offsets_32: bool = False
 
 
 # KernelConfig.e4m3_decode's values, and the form every path takes where no measurement chose

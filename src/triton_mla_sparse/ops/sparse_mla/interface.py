@@ -24,7 +24,7 @@ from ..host import check_runs_here, interpreter_on
 from ..host import describe as _shape
 from ..host import is_pow2 as _is_pow2
 from .heuristics import KernelConfig, arch_of
-from .plan import LaunchPlan, check_config, gluon_gathers_aligned, make_plan
+from .plan import LaunchPlan, cache_span, check_config, gluon_gathers_aligned, make_plan
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -531,6 +531,7 @@ def _checked(a: Mapping[str, Any]) -> _Call:
             # only fp8_ds_mla's Gluon kernel gathers with unchecked 16-byte copies
             cache_aligned=fmt != "fp8_ds_mla"
             or gluon_gathers_aligned(*kv_cache.stride()[:-1], kv_cache.data_ptr()),
+            cache_span=cache_span(kv_cache),
             config=config,
         )
     if kv_cache.dtype == torch.float8_e4m3fn:

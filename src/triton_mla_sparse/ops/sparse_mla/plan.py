@@ -92,6 +92,9 @@ AMPERE_GLUON_TILE = 16
 # the mma.sync Gluon kernels' ring of gathered rows: KernelConfig.num_stages slots, one or two
 # for fp8_ds_mla (its raw rows; kernels/ampere_gluon.py), two for rows in q's dtype
 AMPERE_GLUON_RINGS = (1, 2)
+# KernelConfig.row_offsets_32: every element of the cache lies less than this many elements
+# from its start, so that any row's offset, and any column's within the row, is an int32
+ROW_OFFSET_32_LIMIT = 2**31
 # the families whose rows carry per-group scales (fp8_ds_mla, the V4 record), in either language
 SCALED_FAMILIES = frozenset(
     {DS_MLA, DS_MLA_V4, *(f for (fmt, _), f in GLUON_FAMILY.items() if FAMILY_OF[fmt] != LATENT)}
@@ -167,6 +170,20 @@ class LaunchPlan:
     @property
     def num_splits(self) -> int:
         return self.config.num_splits
+
+
+def offsets_fit_32(cache_span: int | None) -> bool:
+    """Whether every offset into a cache spanning ``cache_span`` elements (None: not known) is an
+    int32, as KernelConfig.row_offsets_32 computes them."""
+    return cache_span is not None and cache_span <= ROW_OFFSET_32_LIMIT
+
+
+def cache_span(cache: torch.Tensor) -> int:
+    """The distance in elements from ``cache``'s first element to one past its last, whatever its
+    strides (0 for an empty cache)."""
+    if cache.numel() == 0:
+        return 0
+    return 1 + sum((n - 1) * st for n, st in zip(cache.shape, cache.stride()))
 
 
 def gluon_gathers_aligned(*strides_and_address: int) -> bool:
@@ -306,6 +323,11 @@ def check_config(cfg: KernelConfig, kv_format: str, has_bt: bool) -> None:
             f"config {cfg} asks for fp16_fold=True with fp16_mma=False: the fold in q's dtype "
             "is what fp16_mma=False already runs; pass one of the two"
         )
+    if cfg.row_offsets_32 and cfg.gluon != "ampere":
+        raise ValueError(
+            f"config {cfg} asks for row_offsets_32=True, which applies to the mma.sync kernels "
+            f"(gluon='ampere') only (got gluon={cfg.gluon!r}, kv_format={kv_format!r})"
+        )
     if cfg.q_rope_in_registers and not (cfg.gluon == "ampere" and kv_format == "fp8_ds_mla"):
         raise ValueError(
             f"config {cfg} asks for q_rope_in_registers=True, which applies to the mma.sync "
@@ -442,6 +464,7 @@ def make_plan(
     extra_has_counts: bool = False,
     extra_block_size: int | None = None,
     cache_aligned: bool = True,
+    cache_span: int | None = None,
     config: KernelConfig | None = None,
 ) -> LaunchPlan:
     """The plan of one call with ``num_tokens`` >= 1 tokens of ``num_heads`` heads, q widths
@@ -451,7 +474,9 @@ def make_plan(
     (into a second cache of ``extra_page_size`` rows per page, with ``extra_block_size`` when its
     indices go through a block table of their own) joins the same softmax. ``cache_aligned``
     False where the cache's address or page / row strides are not 16-byte multiples (the
-    heuristics then keep the Triton kernels, whose loads need no alignment)."""
+    heuristics then keep the Triton kernels, whose loads need no alignment). ``cache_span``: the
+    distance in elements from the cache's first element to one past its last (None: not known),
+    which decides whether row offsets fit 32-bit arithmetic (KernelConfig.row_offsets_32)."""
     if num_tokens < 1:
         raise ValueError(f"a plan needs at least one token, got num_tokens={num_tokens}")
     family = FAMILY_OF[kv_format]
@@ -471,6 +496,15 @@ def make_plan(
         gluon=on_gpu and cache_aligned and latent == GLUON_LATENT,
     )
     check_config(cfg, kv_format, has_bt)
+    if cfg.row_offsets_32 and not offsets_fit_32(cache_span):
+        if config is not None:
+            raise ValueError(
+                f"config {cfg} asks for row_offsets_32=True, which needs a cache spanning at "
+                f"most {ROW_OFFSET_32_LIMIT} elements from its first; this one spans "
+                f"{'an unknown number' if cache_span is None else cache_span}: pass "
+                "row_offsets_32=False"
+            )
+        cfg = dataclasses.replace(cfg, row_offsets_32=False)
     if cfg.fp16_fold and dtype == torch.float32:
         raise ValueError(
             f"config {cfg} asks for fp16_fold=True with float32 q, whose MMAs are float32 (and "
@@ -542,6 +576,7 @@ def make_plan(
         )
         if family == LATENT_AMPERE_GLUON:
             constexprs["SPLIT_QK"] = cfg.split_qk
+            constexprs["ROW_OFFSETS_32"] = cfg.row_offsets_32
     else:
         constexprs = dict(common, STAGE=cfg.stage_dequant, FOLD_FP16=cfg.fp16_fold)
         if family in (DS_MLA, DS_MLA_GLUON, DS_MLA_GLUON_WS, DS_MLA_GLUON_ALT, DS_MLA_AMPERE_GLUON):
@@ -550,6 +585,7 @@ def make_plan(
             constexprs["RING"] = cfg.num_stages
             constexprs["QR_REGS"] = cfg.q_rope_in_registers
             constexprs["SPLIT_QK"] = cfg.split_qk
+            constexprs["ROW_OFFSETS_32"] = cfg.row_offsets_32
     merge = None
     if split:
         s_pad = 1 << (num_splits - 1).bit_length()

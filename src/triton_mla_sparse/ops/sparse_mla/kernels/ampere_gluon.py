@@ -213,6 +213,7 @@ def _gather_ds(
     SCALE_LAYOUT: gl.constexpr,
     ROPE_LAYOUT: gl.constexpr,
     SPLIT_QK: gl.constexpr,
+    OFFSET_32: gl.constexpr = False,
 ):
     # _gather's cp.async of one step's rows; with SPLIT_QK chunk-major: the NoPE bytes into
     # nope_slot [NUM_CHUNKS, BLOCK_N, L / NUM_CHUNKS] and the RoPE values into rope_slot
@@ -234,6 +235,7 @@ def _gather_ds(
             BLOCK_N,
             PAGE_SHIFT,
             gl.SliceLayout(0, gl.SliceLayout(2, NOPE_LAYOUT)),
+            OFFSET_32,
         )
         _gather_chunks(nope_slot, KV, o_row, m_n, 0, L // NUM_CHUNKS, NOPE_LAYOUT)
         _gather_scales(
@@ -251,6 +253,7 @@ def _gather_ds(
             BLOCK_N,
             PAGE_SHIFT,
             SCALE_LAYOUT,
+            OFFSET_32,
         )
         if R > 0:
             o_row_r, m_r = _rows(
@@ -267,6 +270,7 @@ def _gather_ds(
                 BLOCK_N,
                 PAGE_SHIFT,
                 gl.SliceLayout(0, gl.SliceLayout(2, ROPE_LAYOUT)),
+                OFFSET_32,
             )
             _gather_chunks(rope_slot, KV, o_row_r, m_r, ROPE_OFFSET, R // NUM_CHUNKS, ROPE_LAYOUT)
     else:
@@ -291,6 +295,7 @@ def _gather_ds(
             NOPE_LAYOUT,
             SCALE_LAYOUT,
             ROPE_LAYOUT,
+            OFFSET_32,
         )
     return m_n
 
@@ -368,6 +373,7 @@ def sparse_mla_ds_mla_ampere_gluon_kernel(
     STAGE: gl.constexpr,
     E4M3_DECODE: gl.constexpr,
     IDX_AHEAD: gl.constexpr,
+    ROW_OFFSETS_32: gl.constexpr,
     HAS_COUNTS: gl.constexpr,
     HAS_BT: gl.constexpr,
     BT_SHIFT: gl.constexpr,
@@ -596,6 +602,7 @@ def sparse_mla_ds_mla_ampere_gluon_kernel(
         SCALE_LAYOUT,
         ROPE_LAYOUT,
         SPLIT_QK,
+        ROW_OFFSETS_32,
     )
     async_copy.commit_group()
     v_s.index(0).store(m_next.to(gl.int8))
@@ -629,6 +636,7 @@ def sparse_mla_ds_mla_ampere_gluon_kernel(
                 SCALE_LAYOUT,
                 ROPE_LAYOUT,
                 SPLIT_QK,
+                ROW_OFFSETS_32,
             )
             async_copy.commit_group()
             v_s.index(1 - r_slot).store(m_next.to(gl.int8))
@@ -717,6 +725,7 @@ def sparse_mla_ds_mla_ampere_gluon_kernel(
                 SCALE_LAYOUT,
                 ROPE_LAYOUT,
                 SPLIT_QK,
+                ROW_OFFSETS_32,
             )
             async_copy.commit_group()
             v_s.index(1 - r_slot).store(m_next.to(gl.int8))
@@ -817,6 +826,7 @@ def _gather_latent(
     NOPE_LAYOUT: gl.constexpr,
     ROPE_LAYOUT: gl.constexpr,
     CHUNK_MAJOR: gl.constexpr,
+    OFFSET_32: gl.constexpr = False,
 ):
     # cp.async of rows [w0, w0 + BLOCK_N) of token i_t's list (L latent values, then R rope
     # values, in q's dtype) into one ring slot; masked rows are zero-filled. The rows' validity.
@@ -839,6 +849,7 @@ def _gather_latent(
         gl.SliceLayout(0, gl.SliceLayout(2, NOPE_LAYOUT))
         if CHUNK_MAJOR
         else gl.SliceLayout(1, NOPE_LAYOUT),
+        OFFSET_32,
     )
     if CHUNK_MAJOR:
         _gather_chunks(nope_slot, KV, o_row, m_n, 0, L // NUM_CHUNKS, NOPE_LAYOUT)
@@ -864,6 +875,7 @@ def _gather_latent(
             gl.SliceLayout(0, gl.SliceLayout(2, ROPE_LAYOUT))
             if CHUNK_MAJOR
             else gl.SliceLayout(1, ROPE_LAYOUT),
+            OFFSET_32,
         )
         if CHUNK_MAJOR:
             _gather_chunks(rope_slot, KV, o_row_r, m_n_r, L, R // NUM_CHUNKS, ROPE_LAYOUT)
@@ -954,6 +966,7 @@ def sparse_mla_latent_ampere_gluon_kernel(
     STORE_LSE: gl.constexpr,
     DOT_PRECISION: gl.constexpr,
     IDX_AHEAD: gl.constexpr,
+    ROW_OFFSETS_32: gl.constexpr,
     PDL: gl.constexpr,
     HAS_SINK: gl.constexpr,
     HAS_EXTRA: gl.constexpr,  # a second index set into a second cache, in the same softmax
@@ -1118,6 +1131,7 @@ def sparse_mla_latent_ampere_gluon_kernel(
         GATHER_NOPE,
         GATHER_ROPE,
         SPLIT_QK,
+        ROW_OFFSETS_32,
     )
     async_copy.commit_group()
     v_s.index(0).store(m_next.to(gl.int8))
@@ -1148,6 +1162,7 @@ def sparse_mla_latent_ampere_gluon_kernel(
             GATHER_NOPE,
             GATHER_ROPE,
             SPLIT_QK,
+            ROW_OFFSETS_32,
         )
         async_copy.commit_group()
         v_s.index(1 - slot).store(m_next.to(gl.int8))

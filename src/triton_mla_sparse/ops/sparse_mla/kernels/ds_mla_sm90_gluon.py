@@ -76,11 +76,15 @@ def _rows(
     BLOCK_N: gl.constexpr,
     PAGE_SHIFT: gl.constexpr,
     ROW_LAYOUT: gl.constexpr,
+    OFFSET_32: gl.constexpr = False,
 ):
-    # byte offsets and validity of rows [w0, w0 + BLOCK_N) of token i_t's list, in ROW_LAYOUT.
-    # Each tile that addresses the rows reads the (cached) indices in its own row layout: that
-    # costs a few loads, where converting the offsets between layouts costs a round trip through
-    # shared memory and two CTA barriers per tile
+    # offsets (in KV's elements) and validity of rows [w0, w0 + BLOCK_N) of token i_t's list,
+    # in ROW_LAYOUT. Each tile that addresses the rows reads the (cached) indices in its own row
+    # layout: that costs a few loads, where converting the offsets between layouts costs a round
+    # trip through shared memory and two CTA barriers per tile. OFFSET_32
+    # (KernelConfig.row_offsets_32): the offsets in 32-bit arithmetic, for a cache whose
+    # elements all lie below 2^31 from KV (the plan checks it), one multiply-add a row instead
+    # of a 64-bit multiply chain
     o_w = w0 + gl.arange(0, BLOCK_N, layout=ROW_LAYOUT)
     b_idx = gl.load(Idx + i_t * stride_it + o_w * stride_iw, mask=o_w < w_hi, other=-1)
     m_n = (b_idx >= 0) & (b_idx < num_rows)
@@ -91,7 +95,10 @@ def _rows(
     else:
         b_page = b_idx // page_size
         b_slot = b_idx - b_page * page_size
-    o_row = b_page.to(gl.int64) * stride_kb + b_slot.to(gl.int64) * stride_row
+    if OFFSET_32:
+        o_row = b_page * stride_kb + b_slot * stride_row
+    else:
+        o_row = b_page.to(gl.int64) * stride_kb + b_slot.to(gl.int64) * stride_row
     return o_row, m_n
 
 
@@ -111,6 +118,7 @@ def _gather_scales(
     BLOCK_N: gl.constexpr,
     PAGE_SHIFT: gl.constexpr,
     SCALE_LAYOUT: gl.constexpr,
+    OFFSET_32: gl.constexpr = False,
 ):
     # cp.async of the four fp32 chunk scales of rows [w0, w0 + BLOCK_N) of token i_t's list into
     # scale_slot [BLOCK_N, NUM_CHUNKS] (masked rows zero-filled)
@@ -128,6 +136,7 @@ def _gather_scales(
         BLOCK_N,
         PAGE_SHIFT,
         gl.SliceLayout(1, SCALE_LAYOUT),
+        OFFSET_32,
     )
     o_g = gl.arange(0, NUM_CHUNKS, layout=gl.SliceLayout(0, SCALE_LAYOUT))
     p_sc = (KV + o_row_s[:, None] + SCALE_OFFSET).to(gl.pointer_type(gl.float32)) + o_g[None, :]
@@ -156,6 +165,7 @@ def _gather(
     NOPE_LAYOUT: gl.constexpr,
     SCALE_LAYOUT: gl.constexpr,
     ROPE_LAYOUT: gl.constexpr,
+    OFFSET_32: gl.constexpr = False,
 ):
     # cp.async of rows [w0, w0 + BLOCK_N) of token i_t's list into one ring slot (masked rows and
     # positions past w_hi read nothing and are zero-filled); returns the rows' validity
@@ -173,6 +183,7 @@ def _gather(
         BLOCK_N,
         PAGE_SHIFT,
         gl.SliceLayout(1, NOPE_LAYOUT),
+        OFFSET_32,
     )
     o_c = gl.arange(0, L, layout=gl.SliceLayout(0, NOPE_LAYOUT))
     p_nope = KV + o_row[:, None] + o_c[None, :]
@@ -193,6 +204,7 @@ def _gather(
         BLOCK_N,
         PAGE_SHIFT,
         SCALE_LAYOUT,
+        OFFSET_32,
     )
 
     if R > 0:
@@ -210,6 +222,7 @@ def _gather(
             BLOCK_N,
             PAGE_SHIFT,
             gl.SliceLayout(1, ROPE_LAYOUT),
+            OFFSET_32,
         )
         o_r = gl.arange(0, R, layout=gl.SliceLayout(0, ROPE_LAYOUT))
         p_rope = (KV + o_row_r[:, None] + ROPE_OFFSET).to(gl.pointer_type(gl.bfloat16)) + o_r[
