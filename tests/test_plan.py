@@ -521,6 +521,31 @@ def test_row_offsets_32_is_the_mma_sync_kernels_alone_and_needs_a_small_cache():
         assert plan.family not in AMPERE_FAMILIES and "ROW_OFFSETS_32" not in plan.constexprs
 
 
+@pytest.mark.parametrize(
+    "fmt, cfg",
+    [
+        (
+            "fp8_ds_mla",
+            KernelConfig(16, 32, 4, 1, stage_dequant=True, fp16_fold=True, gluon="ampere"),
+        ),
+        ("auto", KernelConfig(16, 32, 4, 2, gluon="ampere")),
+        (
+            "fp8_ds_mla",
+            KernelConfig(64, 64, 8, 1, stage_dequant=True, fp16_fold=True, gluon="pipelined"),
+        ),
+        ("auto", KernelConfig(64, 64, 8, 1, gluon="pipelined")),
+    ],
+    ids=["ds-ampere", "rows-ampere", "ds-sm90", "rows-sm90"],
+)
+def test_idx_ahead_is_refused_for_the_gluon_kernels(fmt, cfg):
+    """The Gluon kernels schedule their index loads with their rings: a config asking them for
+    indices a step ahead (which only the Triton kernels act on) is refused, naming the field,
+    instead of silently running without it."""
+    assert plan_for(4, 16, 2048, fmt=fmt, config=cfg).config.idx_ahead is False
+    with pytest.raises(ValueError, match="idx_ahead=True.*gluon="):
+        plan_for(4, 16, 2048, fmt=fmt, config=dataclasses.replace(cfg, idx_ahead=True))
+
+
 def test_a_heuristic_row_offsets_32_drops_for_a_large_cache(monkeypatch):
     """Where the heuristics choose row_offsets_32, a cache too large for it (or of unknown span)
     gets the same tile with 64-bit offsets instead of an error."""

@@ -69,7 +69,8 @@ class KernelConfig:
     # in-step loop where it has a block table of its own. Not with a (main) block table: Triton
     # 3.6 fails to compile step-ahead indices feeding the table lookup
     # (RemoveLayoutConversions), so that path keeps the in-step loop; sparse_mla refuses a
-    # config asking for both.
+    # config asking for both. The Triton kernels only: the Gluon kernels' rings schedule their
+    # own index loads (the plan refuses it with gluon set).
     idx_ahead: bool = False
     # Launch the merge pass as a programmatic dependent of the split pass (sm90+), so its launch
     # overlaps the split pass instead of following it. None: the architecture's choice.

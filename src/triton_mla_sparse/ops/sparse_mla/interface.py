@@ -640,7 +640,9 @@ def sparse_mla(
         out: optional ``[T, H, L]`` tensor in q's dtype to write into (any strides).
         return_lse: also return the natural-log log-sum-exp ``[T, H]`` (float32).
         config: optional :class:`KernelConfig` overriding the heuristic launch configuration
-            (``idx_ahead=True`` cannot be combined with a block table).
+            (``idx_ahead=True`` cannot be combined with a block table or a Gluon kernel;
+            ``row_offsets_32=True`` needs a cache spanning at most 2^31 elements); a config the
+            call cannot run is refused with a ValueError before any launch.
 
     Returns:
         ``out [T, H, L]`` in q's dtype, and ``lse [T, H]`` with ``return_lse=True``. A token with

@@ -323,6 +323,13 @@ def check_config(cfg: KernelConfig, kv_format: str, has_bt: bool) -> None:
             f"config {cfg} asks for fp16_fold=True with fp16_mma=False: the fold in q's dtype "
             "is what fp16_mma=False already runs; pass one of the two"
         )
+    if cfg.idx_ahead and cfg.gluon:
+        raise ValueError(
+            f"config {cfg} asks for indices a step ahead (idx_ahead=True) in a Gluon kernel "
+            f"(gluon={cfg.gluon!r}), whose ring of gathered rows schedules each step's index "
+            "loads itself; idx_ahead applies to the Triton kernels: pass idx_ahead=False "
+            f"(kv_format={kv_format!r})"
+        )
     if cfg.row_offsets_32 and cfg.gluon != "ampere":
         raise ValueError(
             f"config {cfg} asks for row_offsets_32=True, which applies to the mma.sync kernels "
